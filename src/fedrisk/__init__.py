@@ -1,0 +1,3 @@
+"""fedrisk: federated optimisation beyond plain averaging."""
+
+__version__ = "0.1.0"
