@@ -1,0 +1,88 @@
+"""Building blocks for client updates: minibatch draws and local SGD loops.
+
+Draws are made by :func:`sample_batches` in ``Algorithm.draw`` (from the client's generator);
+the loops below are pure tensor code that runs under ``torch.func.vmap`` too.
+
+Example:
+    >>> import torch
+    >>> idx = sample_batches(torch.Generator().manual_seed(0), num_samples=5, steps=3, batch_size=4)
+    >>> idx.shape, bool((idx < 5).all())
+    (torch.Size([3, 4]), True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from fedrisk.algorithms.base import LocalData
+from fedrisk.autodiff import value_and_grad
+from fedrisk.errors import FedriskError
+from fedrisk.tree import Tree, tree_map
+
+Sampling = Literal["with_replacement", "shuffle"]
+SAMPLING_CHOICES = ("with_replacement", "shuffle")
+
+
+def sample_batches(
+    gen: torch.Generator,
+    num_samples: int,
+    steps: int,
+    batch_size: int,
+    sampling: Sampling = "with_replacement",
+) -> Tensor:
+    """Row indices ``[steps, batch_size]`` below ``num_samples``.
+
+    ``with_replacement``: i.i.d. uniform rows.  ``shuffle``: consecutive random permutations
+    of the rows (epochs without replacement), cut into batches.
+    """
+    if num_samples <= 0:
+        raise FedriskError("a client with no samples cannot draw minibatches")
+    total = steps * batch_size
+    if sampling == "with_replacement":
+        return torch.randint(num_samples, (steps, batch_size), generator=gen)
+    if sampling == "shuffle":
+        epochs = -(-total // num_samples)
+        perm = torch.cat([torch.randperm(num_samples, generator=gen) for _ in range(epochs)])
+        return perm[:total].reshape(steps, batch_size)
+    raise FedriskError(f"unknown sampling {sampling!r}; valid choices: {', '.join(SAMPLING_CHOICES)}")
+
+
+def batch(data: LocalData, idx: Tensor) -> tuple[Tensor, Tensor]:
+    """The rows ``idx`` of a client's data as ``(x, y)``."""
+    return data.x[idx], data.y[idx]
+
+
+def supervised_objective(
+    apply: Callable[[Tree, Tensor], Tensor], loss: Callable[[Tensor, Tensor], Tensor]
+) -> Callable[[Tree, Tensor, Tensor], Tensor]:
+    """``params, x, y -> loss(apply(params, x), y)``."""
+    return lambda params, x, y: loss(apply(params, x), y)
+
+
+def sgd_steps(
+    objective: Callable[[Tree, Tensor, Tensor], Tensor],
+    params: Tree,
+    data: LocalData,
+    idx: Tensor,
+    lr: float,
+    correction: Callable[[Tree, Tree], Tree] | None = None,
+) -> tuple[Tree, Tensor]:
+    """Local SGD: for each row of ``idx``, ``params <- params - lr * (grad + correction)``.
+
+    ``correction(params, grad)`` returns the full direction to use (FedProx adds its proximal
+    term, SCAFFOLD its control variates).  Returns the final parameters and the mean loss.
+    """
+    vg = value_and_grad(objective)
+    losses = []
+    for t in range(idx.shape[0]):
+        x, y = batch(data, idx[t])
+        value, g = vg(params, x, y)
+        if correction is not None:
+            g = correction(params, g)
+        params = tree_map(lambda p, gi: p - lr * gi, params, g)
+        losses.append(value)
+    return params, torch.stack(losses).mean()

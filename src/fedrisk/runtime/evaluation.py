@@ -1,0 +1,76 @@
+"""Evaluation of a run's models with the metrics of :mod:`fedrisk.metrics`.
+
+* the global model (``Algorithm.global_params``) on a global split (``test`` / ``validation``),
+  reported as ``"{split}_{metric}"``;
+* personalised models (``Algorithm.personal_params``) on each client's own test split, reported
+  as ``"personal_{metric}_mean"`` and ``"personal_{metric}_worst"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from fedrisk.algorithms.base import Algorithm
+from fedrisk.data.federation import Federation, Samples
+from fedrisk.metrics import parse_metric
+from fedrisk.tree import Tree
+
+LOWER_IS_BETTER = ("log_loss", "loss")
+
+
+def default_metrics(federation: Federation, output_dim: int) -> list[str]:
+    """AUROC / AUPRC for one-output binary scorers, accuracy and log-loss otherwise."""
+    if federation.num_classes == 2 and output_dim == 1:
+        return ["auroc", "auprc"]
+    return ["accuracy", "log_loss"]
+
+
+@torch.no_grad()
+def predict(algorithm: Algorithm, params: Tree, x: Tensor, chunk: int = 4096) -> Tensor:
+    """Model outputs on ``x`` in chunks (bounded memory)."""
+    outs = [algorithm.predict(params, x[i : i + chunk]) for i in range(0, x.shape[0], chunk)]
+    return torch.cat(outs) if outs else torch.empty(0)
+
+
+def score_split(algorithm: Algorithm, params: Tree, split: Samples, metrics: Sequence[str]) -> dict[str, float]:
+    scores = predict(algorithm, params, split.x)
+    return {m: parse_metric(m)(scores, split.y) for m in metrics}
+
+
+def evaluate(
+    algorithm: Algorithm,
+    server_state: Tree,
+    client_states: Mapping[int, Tree],
+    federation: Federation,
+    metrics: Sequence[str],
+    splits: Sequence[str] = ("test",),
+    personal: bool | None = None,
+) -> dict[str, float]:
+    """All requested metrics for the global model on ``splits`` and, for personalised
+    algorithms with per-client test data, for every client's own model."""
+    out: dict[str, float] = {}
+    params = algorithm.global_params(server_state)
+    if params is not None:
+        for name in splits:
+            split = getattr(federation, name)
+            if split is not None:
+                for m, v in score_split(algorithm, params, split, metrics).items():
+                    out[f"{name}_{m}"] = v
+    personal = algorithm.personalized if personal is None else personal
+    if personal and federation.client_tests is not None:
+        per_client: dict[str, list[float]] = {m: [] for m in metrics}
+        for k, test in enumerate(federation.client_tests):
+            if len(test) == 0:
+                continue
+            p = algorithm.personal_params(server_state, client_states[k], k)
+            for m, v in score_split(algorithm, p, test, metrics).items():
+                per_client[m].append(v)
+        for m, vals in per_client.items():
+            if vals:
+                worst = max(vals) if m in LOWER_IS_BETTER else min(vals)
+                out[f"personal_{m}_mean"] = sum(vals) / len(vals)
+                out[f"personal_{m}_worst"] = worst
+    return out

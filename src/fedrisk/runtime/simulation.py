@@ -1,0 +1,202 @@
+"""A federated run as explicit state: the server state, every client's state, the round and
+the communication ledger.  :meth:`Simulation.step` runs one round; ``state_dict`` /
+``load_state_dict`` checkpoint and restore it exactly.
+
+Example:
+    >>> import torch
+    >>> from fedrisk.algorithms.fedavg import FedAvg
+    >>> from fedrisk.data.federation import Federation, Samples
+    >>> from fedrisk.models import FunctionalModel, build_model
+    >>> from fedrisk.objectives.supervised import cross_entropy
+    >>> g = torch.Generator().manual_seed(0)
+    >>> s = Samples(torch.randn(40, 4, generator=g), torch.randint(0, 2, (40,), generator=g))
+    >>> fed = Federation("toy", [s.subset(range(20)), s.subset(range(20, 40))], num_classes=2)
+    >>> model = FunctionalModel(build_model("logreg", (4,), 2))
+    >>> sim = Simulation(FedAvg(model=model, loss=cross_entropy, lr=0.1, local_steps=2, batch_size=5), fed, seed=0)
+    >>> report = sim.step()
+    >>> report.round, report.clients, sim.round
+    (0, [0, 1], 1)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fedrisk.algorithms.base import Algorithm, FedInfo, LocalData, RoundContext
+from fedrisk.attacks.base import Attack
+from fedrisk.data.federation import Federation, Samples
+from fedrisk.errors import FedriskError, unknown_name
+from fedrisk.rng import generator, server_generator
+from fedrisk.runtime.executor import ClientFailure, Executor, SequentialExecutor
+from fedrisk.runtime.ledger import CommLedger
+from fedrisk.tree import Tree, tree_all_finite, tree_nbytes, tree_to
+
+FAILURE_POLICIES = ("raise", "skip")
+
+
+def fed_info(federation: Federation) -> FedInfo:
+    counts: tuple[tuple[int, ...], ...] = ()
+    if all(not c.y.is_floating_point() for c in federation.clients):
+        counts = tuple(tuple(r) for r in federation.class_counts())
+    return FedInfo(
+        num_clients=federation.num_clients,
+        client_sizes=federation.client_sizes,
+        num_classes=federation.num_classes,
+        class_counts=counts,
+    )
+
+
+def local_data(samples: Samples) -> LocalData:
+    return LocalData(samples.x, samples.y, torch.tensor(len(samples)), dict(samples.attrs))
+
+
+def make_executor(executor: Executor | str) -> Executor:
+    if isinstance(executor, Executor):
+        return executor
+    from fedrisk.runtime import EXECUTORS
+
+    return EXECUTORS.get(executor)()
+
+
+@dataclass
+class RoundReport:
+    """What happened in one round: who took part, bytes moved, mean training metrics."""
+
+    round: int
+    kind: str
+    clients: list[int]
+    bytes_down: int
+    bytes_up: int
+    train_metrics: dict[str, float] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+
+
+class Simulation:
+    """Runs ``algorithm`` on ``federation`` round by round.
+
+    Args:
+        algorithm: the federated algorithm (hyper-parameters, model, loss).
+        federation: the clients' data.
+        seed: the root of every random stream of the run.
+        executor: ``"sequential"``, ``"vectorized"``, ``"distributed"`` or an Executor.
+        dtype: floating dtype of data and parameters (float64 for exactness tests).
+        attack: optional Byzantine attack applied to the replies of ``byzantine`` clients.
+        byzantine: ids of the Byzantine clients.
+        on_client_failure: ``"raise"`` (default) stops the run naming the client when it raises
+            or replies with NaN/inf; ``"skip"`` drops that client's reply for the round.
+        init_params: initial model parameters (default: ``algorithm.init_params``).
+    """
+
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        federation: Federation,
+        *,
+        seed: int = 0,
+        executor: Executor | str = "sequential",
+        dtype: torch.dtype = torch.float32,
+        attack: Attack | None = None,
+        byzantine: Sequence[int] = (),
+        on_client_failure: str = "raise",
+        init_params: Tree | None = None,
+    ) -> None:
+        if on_client_failure not in FAILURE_POLICIES:
+            raise unknown_name("on_client_failure policy", on_client_failure, FAILURE_POLICIES)
+        bad = [k for k in byzantine if not 0 <= k < federation.num_clients]
+        if bad:
+            raise FedriskError(f"byzantine client ids {bad} out of range [0, {federation.num_clients - 1}]")
+        self.algorithm = algorithm
+        self.federation = federation.to(dtype)
+        self.seed = int(seed)
+        self.dtype = dtype
+        self.attack = attack
+        self.byzantine = sorted(set(int(k) for k in byzantine))
+        self.on_client_failure = on_client_failure
+        self.info = fed_info(self.federation)
+        algorithm.check(self.info)
+        self.data = [local_data(s) for s in self.federation.clients]
+        self.executor = make_executor(executor)
+        self.executor.prepare(algorithm, self.data)
+        ctx = RoundContext(0, self.info, "init")
+        params = init_params if init_params is not None else algorithm.init_params(generator(seed, "init"))
+        params = tree_to(params, dtype)
+        self.server_state: Tree = algorithm.init_server(ctx, params, server_generator(seed, -1, "init"))
+        self.client_states: dict[int, Tree] = {
+            k: algorithm.init_client(ctx, k, params) for k in range(self.info.num_clients)
+        }
+        self.round = 0
+        self.ledger = CommLedger()
+
+    # -- one round ----------------------------------------------------------------------
+    def step(self) -> RoundReport:
+        alg, r = self.algorithm, self.round
+        plan = alg.configure(RoundContext(r, self.info), self.server_state, server_generator(self.seed, r, "configure"))
+        ctx = RoundContext(r, self.info, plan.kind)
+        out = self.executor.run_round(
+            alg, ctx, plan, self.client_states, self.data, self.seed, self.on_client_failure
+        )
+        replies = out.replies
+        if self.attack is not None:
+            byz = [k for k in self.byzantine if k in replies.clients]
+            if byz:
+                replies = self.attack.apply(ctx, replies, byz, server_generator(self.seed, r, "attack"))
+        down = self._bytes_down(plan, replies.clients)
+        up = replies.nbytes()
+        new_server = alg.aggregate(ctx, self.server_state, plan, replies, server_generator(self.seed, r, "aggregate"))
+        if not tree_all_finite(new_server):
+            raise ClientFailure(
+                f"the server state became NaN/inf in round {r} ({alg.name}); the run diverged - "
+                "lower the learning rate(s) or check the data"
+            )
+        self.server_state = new_server
+        self.client_states.update(out.states)
+        self.ledger.record(r, down, up)
+        self.round += 1
+        return RoundReport(
+            round=r,
+            kind=plan.kind,
+            clients=list(replies.clients),
+            bytes_down=sum(down.values()),
+            bytes_up=sum(up.values()),
+            train_metrics=_mean_metrics(out.metrics),
+            failed=out.failed,
+        )
+
+    def _bytes_down(self, plan: Any, clients: Sequence[int]) -> dict[int, int]:
+        if plan.per_client is None:
+            b = tree_nbytes(dict(plan.broadcast))
+            return {k: b for k in plan.clients}
+        return {k: tree_nbytes(plan.payload(k)) for k in plan.clients}
+
+    # -- checkpointing ------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "seed": self.seed,
+            "server_state": self.server_state,
+            "client_states": self.client_states,
+            "ledger": self.ledger.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if int(state["seed"]) != self.seed:
+            raise FedriskError(f"checkpoint was made with seed {state['seed']}, this run uses seed {self.seed}")
+        self.round = int(state["round"])
+        self.server_state = state["server_state"]
+        self.client_states = {int(k): v for k, v in state["client_states"].items()}
+        self.ledger.load_state_dict(state["ledger"])
+
+
+def _mean_metrics(metrics: dict[int, dict[str, torch.Tensor]]) -> dict[str, float]:
+    if not metrics:
+        return {}
+    keys = set().union(*(m.keys() for m in metrics.values()))
+    out = {}
+    for key in sorted(keys):
+        vals = [float(m[key]) for m in metrics.values() if key in m]
+        out[key] = sum(vals) / len(vals)
+    return out
