@@ -116,7 +116,7 @@ def run_simulation(
     return history
 
 
-def _record(sim, names, splits, start, history, callbacks) -> None:  # noqa: ANN001
+def _record(sim, names, splits, start, history, callbacks) -> None:
     record = evaluation_record(sim, names, splits, time.perf_counter() - start)
     history.records.append(record)
     for cb in callbacks:

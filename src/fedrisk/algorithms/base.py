@@ -172,7 +172,7 @@ class Algorithm:
     not_vectorizable_reason: ClassVar[str] = ""
 
     # -- set-up -------------------------------------------------------------------------
-    def check(self, fed: FedInfo) -> None:  # noqa: B027 - optional hook
+    def check(self, fed: FedInfo) -> None:
         """Validate the hyper-parameters against the federation; raise ``FedriskError``."""
 
     def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:

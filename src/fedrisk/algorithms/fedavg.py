@@ -36,7 +36,12 @@ from fedrisk.algorithms.base import (
     RoundPlan,
     sample_clients,
 )
-from fedrisk.algorithms.local import SAMPLING_CHOICES, sample_batches, sgd_steps, supervised_objective
+from fedrisk.algorithms.local import (
+    SAMPLING_CHOICES,
+    sample_batches,
+    sgd_steps,
+    supervised_objective,
+)
 from fedrisk.algorithms.server_opt import ServerOpt, apply_step, identity
 from fedrisk.errors import check_range, unknown_name
 from fedrisk.objectives.supervised import LossFn

@@ -15,7 +15,7 @@ Example:
     >>> sorted(i for p in parts for i in p) == list(range(9))
     True
     >>> class_disjoint(labels, num_clients=3, seed=0)
-    [[6, 7, 8], [3, 4, 5], [0, 1, 2]]
+    [[6, 7, 8], [0, 1, 2], [3, 4, 5]]
 """
 
 from __future__ import annotations
@@ -52,10 +52,8 @@ PARTITIONERS: Registry[Any] = Registry("partitioner")
 
 def as_label_array(labels: Labels, name: str = "labels") -> np.ndarray:
     """``labels`` as a 1-D ``int64`` NumPy array (rejects non-integer values and other shapes)."""
-    if isinstance(labels, torch.Tensor):
-        arr = labels.detach().cpu().numpy()
-    else:
-        arr = np.asarray(labels)
+    is_tensor = isinstance(labels, torch.Tensor)
+    arr = labels.detach().cpu().numpy() if is_tensor else np.asarray(labels)
     if arr.ndim == 2 and arr.shape[1] == 1:
         arr = arr[:, 0]
     if arr.ndim != 1:
@@ -64,7 +62,9 @@ def as_label_array(labels: Labels, name: str = "labels") -> np.ndarray:
         if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
             raise FedriskError(f"{name} must hold integers; got dtype {arr.dtype}")
         if not np.all(np.equal(np.mod(arr, 1), 0)):
-            raise FedriskError(f"{name} must hold integer values (class ids); got fractional values")
+            raise FedriskError(
+                f"{name} must hold integer values (class ids); got fractional values"
+            )
     return arr.astype(np.int64, copy=False)
 
 
@@ -207,7 +207,9 @@ def dirichlet(
 @PARTITIONERS.register(
     "shards", "pathological split: sort by label, cut into shards, deal shards to clients"
 )
-def shards(labels: Labels, num_clients: int, shards_per_client: int = 2, seed: int = 0) -> Partition:
+def shards(
+    labels: Labels, num_clients: int, shards_per_client: int = 2, seed: int = 0
+) -> Partition:
     """McMahan et al. (2017) pathological non-IID split.
 
     Rows are sorted by label (ties in random order), cut into
@@ -230,7 +232,9 @@ def shards(labels: Labels, num_clients: int, shards_per_client: int = 2, seed: i
     dealt = rng.permutation(len(pieces))
     return _sorted_lists(
         [
-            np.concatenate([pieces[s] for s in dealt[k * shards_per_client : (k + 1) * shards_per_client]])
+            np.concatenate(
+                [pieces[s] for s in dealt[k * shards_per_client : (k + 1) * shards_per_client]]
+            )
             for k in range(num_clients)
         ]
     )
@@ -239,7 +243,9 @@ def shards(labels: Labels, num_clients: int, shards_per_client: int = 2, seed: i
 @PARTITIONERS.register(
     "k_classes", "each client holds exactly k classes; a class is shared by its holders"
 )
-def k_classes(labels: Labels, num_clients: int, classes_per_client: int = 2, seed: int = 0) -> Partition:
+def k_classes(
+    labels: Labels, num_clients: int, classes_per_client: int = 2, seed: int = 0
+) -> Partition:
     """Every client holds exactly ``classes_per_client`` classes.
 
     The classes are shuffled into an order ``perm``; client ``i`` holds classes
@@ -300,7 +306,7 @@ def class_disjoint(
     Example:
         >>> labels = [0, 0, 1, 1, 2, 2, 3, 3]
         >>> class_disjoint(labels, 2, seed=0, groups=[[0, 1], [2, 3]])
-        [[1, 3, 5, 7], [0, 2, 4, 6]]
+        [[0, 1, 4, 5], [2, 3, 6, 7]]
     """
     y = as_label_array(labels)
     present = [int(c) for c in np.unique(y)]

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable
 
 import numpy as np
@@ -34,11 +35,29 @@ __all__ = [
     "add_feature_noise",
     "balance_classes",
     "binarize",
+    "derive_seed",
     "flip_labels",
     "label_flip_attack",
     "positive_count_for_ratio",
     "standardize",
 ]
+
+
+def derive_seed(seed: int, *tags: str | int) -> int:
+    """An independent 63-bit seed for one named use of ``seed`` (e.g. ``"partition"``, client 3).
+
+    Deriving one seed per step keeps the steps independent: turning label noise on does not
+    change the partition drawn from the same run seed.
+
+    Example:
+        >>> derive_seed(0, "partition") == derive_seed(0, "partition")
+        True
+        >>> derive_seed(0, "partition") != derive_seed(0, "label_noise", 3)
+        True
+    """
+    words = [int(seed) % (1 << 64), *(zlib.crc32(str(t).encode()) for t in tags)]
+    state = np.random.SeedSequence(words).generate_state(2, dtype=np.uint32)
+    return int((int(state[0]) << 31) ^ int(state[1]))
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -131,7 +150,7 @@ def balance_classes(samples: Samples, seed: int = 0) -> Samples:
         [0, 0, 1, 1]
     """
     y = samples.y.reshape(-1).long()
-    if y.numel() and int(y.max()) > 1 or (y.numel() and int(y.min()) < 0):
+    if y.numel() and (int(y.min()) < 0 or int(y.max()) > 1):
         raise FedriskError("balance_classes needs binary labels in {0, 1}")
     g = _generator(seed)
     idx = [torch.nonzero(y == c).reshape(-1) for c in (0, 1)]

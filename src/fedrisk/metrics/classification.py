@@ -392,11 +392,13 @@ def two_way_partial_auroc(
 
     The area of the region under the ROC polyline, left of ``max_fpr`` and above
     ``min_tpr``, divided by the area ``max_fpr * (1 - min_tpr)`` of that box, so a perfect
-    ranking gives 1 and a reversed one 0.  When ``max_fpr * n_neg`` and
-    ``(1 - min_tpr) * n_pos`` are integers this equals the plain AUROC between the
-    lowest-scored ``(1 - min_tpr)`` fraction of positives and the highest-scored ``max_fpr``
-    fraction of negatives (ties count 1/2), the estimator used by FeDXL / LibAUC.  With
-    ``min_tpr = 0`` it equals ``partial_auroc(..., standardized=False)``.
+    ranking gives 1 and a reversed one 0.  Ties make diagonal ROC segments, and a cut through
+    one is interpolated linearly (as in :func:`partial_auroc`).  When ``max_fpr * n_neg`` and
+    ``(1 - min_tpr) * n_pos`` are integers and no group of tied negatives (positives)
+    straddles either cut, this equals the plain AUROC between the lowest-scored
+    ``(1 - min_tpr)`` fraction of positives and the highest-scored ``max_fpr`` fraction of
+    negatives (ties count 1/2), the estimator used by FeDXL / LibAUC.  With ``min_tpr = 0``
+    it equals ``partial_auroc(..., standardized=False)``.
 
     Example:
         >>> two_way_partial_auroc([0.9, 0.8, 0.7, 0.1], [1, 0, 1, 0], max_fpr=0.5, min_tpr=0.5)

@@ -39,6 +39,15 @@ class Executor(ABC):
     def prepare(self, algorithm: Algorithm, data: Sequence[LocalData]) -> None:  # noqa: B027
         """Called once before the first round (e.g. to stack data or check vmap support)."""
 
+    def collect_states(self, states: Mapping[int, Tree]) -> dict[int, Tree]:
+        """Every client's state in this process (the distributed executor gathers the shards)."""
+        return dict(states)
+
+    @property
+    def is_primary(self) -> bool:
+        """True in the process that writes logs, metrics and checkpoints."""
+        return True
+
     @abstractmethod
     def run_round(
         self,

@@ -31,7 +31,7 @@ from fedrisk.attacks.base import Attack
 from fedrisk.data.federation import Federation, Samples
 from fedrisk.errors import FedriskError, unknown_name
 from fedrisk.rng import generator, server_generator
-from fedrisk.runtime.executor import ClientFailure, Executor, SequentialExecutor
+from fedrisk.runtime.executor import ClientFailure, Executor
 from fedrisk.runtime.ledger import CommLedger
 from fedrisk.tree import Tree, tree_all_finite, tree_nbytes, tree_to
 
@@ -178,7 +178,7 @@ class Simulation:
             "round": self.round,
             "seed": self.seed,
             "server_state": self.server_state,
-            "client_states": self.client_states,
+            "client_states": self.executor.collect_states(self.client_states),
             "ledger": self.ledger.state_dict(),
         }
 
