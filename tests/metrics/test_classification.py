@@ -68,9 +68,7 @@ def test_accuracy_multiclass_argmax_numpy_and_torch() -> None:
     labels = rng.integers(0, 4, size=50)
     expected = skm.accuracy_score(labels, scores.argmax(1))
     assert accuracy(scores, labels) == pytest.approx(expected, abs=1e-15)
-    assert accuracy(torch.from_numpy(scores).float(), torch.from_numpy(labels)) == pytest.approx(
-        expected, abs=1e-15
-    )
+    assert accuracy(torch.from_numpy(scores).float(), torch.from_numpy(labels)) == pytest.approx(expected, abs=1e-15)
     assert isinstance(accuracy(scores, labels), float)
 
 
@@ -216,9 +214,7 @@ def test_two_way_partial_auroc_equals_pair_estimator(seed: int) -> None:
 def test_two_way_with_min_tpr_zero_is_one_way() -> None:
     s, y = random_binary(5)
     for max_fpr in (0.13, 0.5, 1.0):
-        assert two_way_partial_auroc(s, y, max_fpr, 0.0) == pytest.approx(
-            partial_auroc(s, y, max_fpr), abs=1e-12
-        )
+        assert two_way_partial_auroc(s, y, max_fpr, 0.0) == pytest.approx(partial_auroc(s, y, max_fpr), abs=1e-12)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -63,6 +63,13 @@ def supervised_objective(
     return lambda params, x, y: loss(apply(params, x), y)
 
 
+def sgd_update(param: Tensor, grad: Tensor, lr: float | Tensor) -> Tensor:
+    """``param - lr * grad`` (one fused op for a Python-number ``lr``)."""
+    if isinstance(lr, (int, float)):
+        return torch.add(param, grad, alpha=-lr)
+    return param - lr * grad
+
+
 def sgd_steps(
     objective: Callable[[Tree, Tensor, Tensor], Tensor],
     params: Tree,
@@ -83,6 +90,6 @@ def sgd_steps(
         value, g = vg(params, x, y)
         if correction is not None:
             g = correction(params, g)
-        params = tree_map(lambda p, gi: p - lr * gi, params, g)
+        params = tree_map(lambda p, gi: sgd_update(p, gi, lr), params, g)
         losses.append(value)
     return params, torch.stack(losses).mean()

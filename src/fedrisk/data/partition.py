@@ -248,11 +248,11 @@ def k_classes(
 ) -> Partition:
     """Every client holds exactly ``classes_per_client`` classes.
 
-    The classes are shuffled into an order ``perm``; client ``i`` holds classes
-    ``perm[(i*k + j) % C]`` for ``j < k`` (so all ``C`` classes are used when
-    ``num_clients * k >= C``, each by about the same number of clients).  Each class's rows are
-    shuffled and split evenly among the clients that hold it; classes no client holds are left
-    out.
+    Clients pick in turn: client ``i`` takes the ``k`` classes held by the fewest clients so
+    far, ties broken at random.  So every class is used when ``num_clients * k >= C`` and each
+    class is held by ``floor`` or ``ceil`` of ``num_clients * k / C`` clients, while the class
+    combinations stay random.  Each class's rows are shuffled and split evenly among the
+    clients that hold it; classes no client holds are left out.
 
     Example:
         >>> labels = [c for c in range(5) for _ in range(6)]
@@ -265,12 +265,14 @@ def k_classes(
     classes = np.unique(y)
     check_range("classes_per_client", classes_per_client, 1, len(classes))
     rng = np.random.default_rng(seed)
-    perm = rng.permutation(classes)
     k = classes_per_client
     holders: dict[int, list[int]] = {int(c): [] for c in classes}
+    load = np.zeros(len(classes), dtype=np.int64)
     for i in range(num_clients):
-        for j in range(k):
-            holders[int(perm[(i * k + j) % len(classes)])].append(i)
+        pick = np.lexsort((rng.random(len(classes)), load))[:k]  # fewest holders, random ties
+        load[pick] += 1
+        for c in classes[pick]:
+            holders[int(c)].append(i)
     parts: list[list[int]] = [[] for _ in range(num_clients)]
     for c, who in holders.items():
         if not who:

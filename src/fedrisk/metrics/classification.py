@@ -74,9 +74,7 @@ def _as_array(x: ArrayLike, fn: str, what: str) -> np.ndarray:
         except ValueError as err:  # ragged nested lists
             raise FedriskError(f"{fn}: {what} must be a rectangular array; {err}") from None
     if arr.dtype.kind not in "biuf":
-        raise FedriskError(
-            f"{fn}: {what} must be numeric (bool, int or float); got dtype {arr.dtype}"
-        )
+        raise FedriskError(f"{fn}: {what} must be numeric (bool, int or float); got dtype {arr.dtype}")
     if arr.ndim == 0 or arr.shape[0] == 0:
         raise FedriskError(f"{fn}: {what} must be a non-empty array with one row per sample")
     if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
@@ -89,9 +87,7 @@ def _squeeze_column(arr: np.ndarray, fn: str, what: str) -> np.ndarray:
     if arr.ndim == 2 and arr.shape[1] == 1:
         arr = arr[:, 0]
     if arr.ndim != 1:
-        raise FedriskError(
-            f"{fn}: {what} must have shape [N] or [N, 1]; got shape {list(arr.shape)}"
-        )
+        raise FedriskError(f"{fn}: {what} must have shape [N] or [N, 1]; got shape {list(arr.shape)}")
     return arr
 
 
@@ -114,9 +110,7 @@ def _binary_labels(labels: ArrayLike, fn: str) -> np.ndarray:
     values = set(np.unique(y).tolist())
     if not (values <= {0, 1} or values <= {-1, 1}):
         shown = sorted(values)[:10]
-        raise FedriskError(
-            f"{fn}: labels must be binary, either {{0, 1}} or {{-1, +1}}; got values {shown}"
-        )
+        raise FedriskError(f"{fn}: labels must be binary, either {{0, 1}} or {{-1, +1}}; got values {shown}")
     return y == 1
 
 
@@ -173,16 +167,13 @@ def _predictions(
     return (arr > threshold).astype(np.int64), pos.astype(np.int64), 2
 
 
-def _integer_predictions(
-    pred: np.ndarray, y: np.ndarray, fn: str
-) -> tuple[np.ndarray, np.ndarray, int]:
+def _integer_predictions(pred: np.ndarray, y: np.ndarray, fn: str) -> tuple[np.ndarray, np.ndarray, int]:
     _check_lengths(len(pred), len(y), fn, "predictions")
     if set(np.unique(y).tolist()) <= {-1, 1} and set(np.unique(pred).tolist()) <= {-1, 1}:
         pred, y = (pred == 1).astype(np.int64), (y == 1).astype(np.int64)
     if y.min() < 0 or pred.min() < 0:
         raise FedriskError(
-            f"{fn}: integer predictions and labels must be class ids >= 0 "
-            "(or both in {-1, +1}); got negative values"
+            f"{fn}: integer predictions and labels must be class ids >= 0 (or both in {{-1, +1}}); got negative values"
         )
     return pred, y, int(max(y.max(), pred.max())) + 1
 
@@ -240,9 +231,7 @@ def per_class_accuracy(
     return [float(k / n) if n else math.nan for k, n in zip(correct, counts)]
 
 
-def worst_class_accuracy(
-    scores_or_preds: ArrayLike, labels: ArrayLike, *, threshold: float = 0.0
-) -> float:
+def worst_class_accuracy(scores_or_preds: ArrayLike, labels: ArrayLike, *, threshold: float = 0.0) -> float:
     """The smallest :func:`per_class_accuracy` over classes present in ``labels``.
 
     Example:
@@ -346,9 +335,7 @@ def _check_max_fpr(max_fpr: float, fn: str) -> float:
     return float(max_fpr)
 
 
-def partial_auroc(
-    scores: ArrayLike, labels: ArrayLike, max_fpr: float, *, standardized: bool = False
-) -> float:
+def partial_auroc(scores: ArrayLike, labels: ArrayLike, max_fpr: float, *, standardized: bool = False) -> float:
     """One-way partial AUROC over false-positive rates ``[0, max_fpr]``.
 
     The ROC curve (with diagonal segments for ties) is cut at ``max_fpr`` by linear
@@ -385,9 +372,7 @@ def _area_above(fpr: np.ndarray, tpr: np.ndarray, level: float) -> float:
     return float(np.sum(full + part))
 
 
-def two_way_partial_auroc(
-    scores: ArrayLike, labels: ArrayLike, max_fpr: float, min_tpr: float
-) -> float:
+def two_way_partial_auroc(scores: ArrayLike, labels: ArrayLike, max_fpr: float, min_tpr: float) -> float:
     """Two-way partial AUROC (TPAUC): the ROC area with ``FPR <= max_fpr`` and ``TPR >= min_tpr``.
 
     The area of the region under the ROC polyline, left of ``max_fpr`` and above
@@ -454,14 +439,11 @@ def _check_probabilities(p: np.ndarray, fn: str) -> None:
         )
     if p.ndim == 2 and not np.allclose(p.sum(axis=1), 1.0, rtol=0, atol=1e-6):
         raise FedriskError(
-            f"{fn}: each row of class probabilities must sum to 1 (within 1e-6) "
-            "(pass from_logits=True for logits)"
+            f"{fn}: each row of class probabilities must sum to 1 (within 1e-6) (pass from_logits=True for logits)"
         )
 
 
-def _true_class_log_prob(
-    values: np.ndarray, labels: ArrayLike, from_logits: bool, fn: str
-) -> np.ndarray:
+def _true_class_log_prob(values: np.ndarray, labels: ArrayLike, from_logits: bool, fn: str) -> np.ndarray:
     """log P(true class) per sample, before clipping."""
     if values.ndim == 2 and values.shape[1] > 1:
         y = _labels(labels, fn)
@@ -471,8 +453,7 @@ def _true_class_log_prob(
             y = (y == 1).astype(np.int64)
         if y.min() < 0 or y.max() >= c:
             raise FedriskError(
-                f"{fn}: labels must lie in [0, {c - 1}] for {c} columns; "
-                f"got labels in [{y.min()}, {y.max()}]"
+                f"{fn}: labels must lie in [0, {c - 1}] for {c} columns; got labels in [{y.min()}, {y.max()}]"
             )
         if not from_logits:
             _check_probabilities(values, fn)
@@ -526,9 +507,7 @@ METRICS: Registry[Callable[..., float]] = Registry("metric")
 parametrised partial-AUROC names."""
 
 METRICS.add("accuracy", accuracy, "fraction of correct argmax / thresholded predictions")
-METRICS.add(
-    "worst_class_accuracy", worst_class_accuracy, "minimum over classes of per-class accuracy"
-)
+METRICS.add("worst_class_accuracy", worst_class_accuracy, "minimum over classes of per-class accuracy")
 METRICS.add("auroc", auroc, "area under the ROC curve (ties count 1/2)")
 METRICS.add("auprc", auprc, "average precision (area under the precision-recall curve)")
 METRICS.add("log_loss", log_loss, "mean cross-entropy of probabilities, clipped at 1e-15")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -125,6 +125,10 @@ class LogReg(_ZooModel):
     def forward(self, x: Tensor) -> Tensor:
         return self._finish(self.linear(x.flatten(1)))
 
+    def functional_forward(self, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
+        """``forward`` as a pure function of ``params`` (skips functional_call's overhead)."""
+        return self._finish(F.linear(x.flatten(1), params["linear.weight"], params["linear.bias"]))
+
 
 class MLP(_ZooModel):
     """Fully connected ReLU network on the flattened input: ``in -> hidden... -> out``."""
@@ -143,9 +147,20 @@ class MLP(_ZooModel):
             layers += [nn.Linear(w_in, w_out), nn.ReLU()]
         layers.append(nn.Linear(widths[-1], num_outputs))
         self.layers = nn.Sequential(*layers)
+        self._linear_names = [f"layers.{i}" for i, m in enumerate(self.layers) if isinstance(m, nn.Linear)]
 
     def forward(self, x: Tensor) -> Tensor:
         return self._finish(self.layers(x.flatten(1)))
+
+    def functional_forward(self, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
+        """``forward`` as a pure function of ``params`` (skips functional_call's overhead)."""
+        h = x.flatten(1)
+        last = len(self._linear_names) - 1
+        for i, name in enumerate(self._linear_names):
+            h = F.linear(h, params[f"{name}.weight"], params[f"{name}.bias"])
+            if i < last:
+                h = torch.relu(h)
+        return self._finish(h)
 
 
 class FessCNN(_ZooModel):

@@ -1,0 +1,317 @@
+"""``build_federation``: dataset name + partition name + options -> :class:`Federation`.
+
+This is the one function the config runner calls.  The pipeline, each step seeded from
+``derive_seed(seed, step)`` so that switching one step on or off leaves the others unchanged:
+
+1. **load** ``dataset`` from :data:`~fedrisk.data.loaders.DATASETS` with ``dataset_options``
+   (its own split seed defaults to ``derive_seed(seed, "dataset")``; set
+   ``dataset_options["seed"]`` to pin it);
+2. **binarize** (optional): classes in ``positive_classes`` -> 1, others -> 0; ``imratio``
+   subsamples positives of the *training* set only; the test set stays as loaded unless
+   ``balanced_test`` is set.  The original class is kept in ``attrs["class"]``;
+3. **validation** (optional): a stratified ``validation_fraction`` of the training set is
+   held out as the global validation set;
+4. **partition** the rest with ``partition`` from
+   :data:`~fedrisk.data.partition.PARTITIONERS` and ``partition_options``.  The partitioner
+   sees the array named by ``partition_options["on"]``: ``"label"`` (``y``), ``"class"``
+   (the original class of a binarised set) or any attribute name.  Default: ``"class"`` when
+   that attribute exists (so a binarised CIFAR-100 is dealt by its fine classes, as CODASCA
+   does), else ``"label"``; for ``by_attribute`` the dataset's natural attribute
+   (``"client"`` of the synthetic sets, else the first sensitive attribute, e.g. Adult's
+   ``"sex"``).  ``class_disjoint`` on the classes of a binary task deals the negative and the
+   positive classes separately unless ``groups`` is given;
+5. **per client**: an optional stratified ``client_test_fraction`` split into a personal test
+   set, symmetric ``label_noise`` on the client's training rows, and Gaussian
+   ``feature_noise`` (FeDXL: mean ``mean + (k - K//2) * mean_step`` for client ``k``) on its
+   training and personal test rows.  The global validation and test sets stay clean.
+
+``Federation.info`` records every resolved parameter plus per-client sizes and, for binary
+tasks, positive ratios.
+
+Example:
+    >>> fed = build_federation(
+    ...     "digits", "class_disjoint", 4, seed=0,
+    ...     binarize={"positive_classes": [5, 6, 7, 8, 9], "imratio": 0.2},
+    ...     client_test_fraction=0.2,
+    ... )
+    >>> fed.num_clients, fed.num_classes, round(fed.info["positive_ratio"], 2)
+    (4, 2, 0.2)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedrisk.data import synthetic  # noqa: F401  (registers the synthetic datasets)
+from fedrisk.data import transforms as T
+from fedrisk.data.federation import Federation, Samples
+from fedrisk.data.loaders import DATASETS, DatasetMeta, LoadedDataset, call_with_options
+from fedrisk.data.partition import PARTITIONERS, split_indices
+from fedrisk.errors import FedriskError, check_range
+
+__all__ = ["build_federation"]
+
+_BINARIZE_KEYS = ("positive_classes", "imratio", "per_class", "balanced_test")
+_FEATURE_NOISE_KEYS = ("std", "mean", "mean_step")
+_LABEL_NOISE_KEYS = ("rate",)
+_LABEL_FREE_PARTITIONS = ("iid", "by_sizes", "by_attribute")
+
+
+def _options(what: str, given: Mapping[str, Any] | None, allowed: Sequence[str]) -> dict[str, Any]:
+    opts = dict(given or {})
+    for key in opts:
+        if key not in allowed:
+            raise FedriskError(f"unknown {what} option {key!r}; allowed: {', '.join(allowed)}")
+    return opts
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+def _load(dataset: str, options: Mapping[str, Any] | None, data_root: str | Path | None, seed: int) -> LoadedDataset:
+    opts = dict(options or {})
+    split_seed = opts.pop("seed", T.derive_seed(seed, "dataset"))
+    fn = DATASETS.get(dataset)
+    return call_with_options("dataset", dataset, fn, opts, data_root=data_root, seed=split_seed)
+
+
+def _positive_classes(spec: Mapping[str, Any], meta: DatasetMeta) -> list[int]:
+    C = meta.num_classes
+    pos = spec.get("positive_classes")
+    if pos is None:  # LibAUC's convention: the upper half of the classes is positive
+        return list(range(C // 2, C))
+    pos = [pos] if isinstance(pos, int) else list(pos)
+    bad = [c for c in pos if not isinstance(c, int) or not 0 <= c < C]
+    if not pos or bad or len(set(pos)) == C:
+        raise FedriskError(
+            f"binarize.positive_classes = {pos!r} is not allowed; allowed: a non-empty list of "
+            f"distinct class ids in [0, {C - 1}] that leaves at least one class negative"
+        )
+    return sorted(set(pos))
+
+
+def _binarize(ds: LoadedDataset, spec: Mapping[str, Any], seed: int) -> tuple[Samples, Samples, list[int]]:
+    if ds.meta.task != "classification":
+        raise FedriskError(f"binarize needs a classification dataset; {ds.meta.name!r} is a regression task")
+    pos = _positive_classes(spec, ds.meta)
+    imratio = spec.get("imratio")
+    train = T.binarize(
+        ds.train,
+        pos,
+        imratio,
+        seed=T.derive_seed(seed, "imratio"),
+        per_class=bool(spec.get("per_class", False)),
+    )
+    test = T.binarize(ds.test, pos)
+    if spec.get("balanced_test", False):
+        test = T.balance_classes(test, seed=T.derive_seed(seed, "balanced_test"))
+    return train, test, pos
+
+
+def _partition_key(train: Samples, partition: str, on: str | None, meta: DatasetMeta) -> tuple[str, torch.Tensor]:
+    if on is None:
+        if partition == "by_attribute":
+            natural = meta.notes.get("natural_attribute")
+            candidates = [natural] if natural else [a for a in meta.attr_names if a != "class"]
+            if not candidates or candidates[0] not in train.attrs:
+                raise FedriskError(
+                    f"by_attribute needs partition option 'on' naming an attribute; dataset "
+                    f"{meta.name!r} has attributes: {', '.join(train.attrs) or '(none)'}"
+                )
+            on = candidates[0]
+        else:
+            on = "class" if "class" in train.attrs else "label"
+    if on == "label":
+        if meta.task != "classification" and partition not in _LABEL_FREE_PARTITIONS:
+            raise FedriskError(
+                f"partition {partition!r} needs class labels but {meta.name!r} is a regression "
+                f"task; allowed: {', '.join(_LABEL_FREE_PARTITIONS)} (by_attribute with on = "
+                f"an attribute)"
+            )
+        return on, train.y
+    if on not in train.attrs:
+        allowed = ["label", *train.attrs]
+        raise FedriskError(f"partition option on = {on!r} is not allowed; allowed: {', '.join(allowed)}")
+    return on, train.attrs[on]
+
+
+def _class_groups(train: Samples, classes: torch.Tensor) -> list[list[int]] | None:
+    """Classes grouped by their (binary) label, if every class has a single label."""
+    groups: dict[int, set[int]] = {}
+    for c, y in zip(classes.tolist(), train.y.reshape(-1).long().tolist()):
+        groups.setdefault(y, set()).add(c)
+    flat = [c for g in groups.values() for c in g]
+    if len(groups) < 2 or len(flat) != len(set(flat)):
+        return None
+    return [sorted(groups[y]) for y in sorted(groups)]
+
+
+def _split_client(s: Samples, fraction: float, seed: int, stratify: bool) -> tuple[Samples, Samples | None]:
+    if fraction <= 0:
+        return s, None
+    keep, held = split_indices(
+        s.y if stratify else torch.zeros(len(s), dtype=torch.long), fraction, seed, stratify=stratify
+    )
+    return s.subset(keep), s.subset(held)
+
+
+def _positive_ratio(s: Samples) -> float:
+    return float(s.y.float().mean()) if len(s) else 0.0
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def build_federation(
+    dataset: str,
+    partition: str = "iid",
+    num_clients: int = 10,
+    *,
+    seed: int = 0,
+    data_root: str | Path | None = None,
+    dataset_options: Mapping[str, Any] | None = None,
+    partition_options: Mapping[str, Any] | None = None,
+    binarize: Mapping[str, Any] | None = None,
+    client_test_fraction: float = 0.0,
+    validation_fraction: float = 0.0,
+    feature_noise: Mapping[str, Any] | None = None,
+    label_noise: Mapping[str, Any] | None = None,
+) -> Federation:
+    """Load, transform and partition a dataset into a :class:`Federation` (see module doc).
+
+    Args:
+        dataset: a name in :data:`DATASETS` (``fedrisk list datasets``).
+        partition: a name in :data:`PARTITIONERS`.
+        num_clients: number of clients ``K``.
+        seed: the run seed; every random step derives its own seed from it.
+        data_root: folder holding user-supplied files (MNIST, CIFAR); never downloaded.
+        dataset_options: keyword options of the loader (``test_fraction``, ``flatten``, ...).
+        partition_options: keyword options of the partitioner (``alpha``, ``min_size``,
+            ``classes_per_client``, ``sizes``, ``groups``...) plus ``on`` (what to partition).
+        binarize: ``{"positive_classes": [...], "imratio": 0.1, "per_class": False,
+            "balanced_test": False}``; ``positive_classes`` defaults to the upper half.
+        client_test_fraction: share of each client's rows kept as its personal test set.
+        validation_fraction: share of the training set held out as global validation.
+        feature_noise: ``{"std": 0.2, "mean": 0.0, "mean_step": 0.01}`` per-client Gaussian
+            input noise (client ``k`` gets mean ``mean + (k - K//2) * mean_step``).
+        label_noise: ``{"rate": 0.2}`` symmetric label noise on client training rows.
+
+    Example:
+        >>> fed = build_federation("wine", "dirichlet", 3, seed=0,
+        ...                        partition_options={"alpha": 1.0, "min_size": 5})
+        >>> fed.num_clients, sum(fed.client_sizes) + len(fed.test)
+        (3, 178)
+    """
+    check_range("client_test_fraction", client_test_fraction, 0.0, 1.0, high_inclusive=False)
+    check_range("validation_fraction", validation_fraction, 0.0, 1.0, high_inclusive=False)
+    if not isinstance(num_clients, int) or isinstance(num_clients, bool) or num_clients < 1:
+        raise FedriskError(f"num_clients = {num_clients!r} is out of range; allowed: an integer >= 1")
+    PARTITIONERS.get(partition)  # fail on an unknown name before loading anything
+    bin_spec = _options("binarize", binarize, _BINARIZE_KEYS) if binarize is not None else None
+    fn_spec = _options("feature_noise", feature_noise, _FEATURE_NOISE_KEYS) if feature_noise else None
+    ln_spec = _options("label_noise", label_noise, _LABEL_NOISE_KEYS) if label_noise else None
+    if fn_spec is not None:
+        if "std" not in fn_spec:
+            raise FedriskError("feature_noise needs 'std' (the noise standard deviation, >= 0)")
+        check_range("feature_noise.std", fn_spec["std"], 0.0, None)
+    if ln_spec is not None:
+        check_range("label_noise.rate", ln_spec.get("rate", 0.0), 0.0, 1.0)
+
+    # 1-2. load and binarise
+    ds = _load(dataset, dataset_options, data_root, seed)
+    meta = ds.meta
+    train, test = ds.train, ds.test
+    num_classes, class_names = meta.num_classes, list(meta.class_names)
+    positive_classes = meta.notes.get("positive_classes")
+    if bin_spec is not None:
+        train, test, positive_classes = _binarize(ds, bin_spec, seed)
+        num_classes, class_names = 2, ["negative", "positive"]
+    classification = meta.task == "classification"
+
+    # 3. global validation split
+    validation = None
+    if validation_fraction > 0:
+        train, validation = _split_client(train, validation_fraction, T.derive_seed(seed, "validation"), classification)
+
+    # 4. partition
+    popts = dict(partition_options or {})
+    on, key = _partition_key(train, partition, popts.pop("on", None), meta)
+    if partition == "class_disjoint" and on == "class" and num_classes == 2 and "groups" not in popts:
+        popts["groups"] = _class_groups(train, key)
+    fn = PARTITIONERS.get(partition)
+    parts = call_with_options(
+        "partitioner",
+        partition,
+        fn,
+        popts,
+        key,
+        num_clients=num_clients,
+        seed=T.derive_seed(seed, "partition"),
+    )
+    if len(parts) != num_clients:
+        raise FedriskError(f"partition {partition!r} made {len(parts)} clients but num_clients = {num_clients}")
+
+    # 5. per-client splits and noise
+    clients: list[Samples] = []
+    client_tests: list[Samples] = []
+    for k, idx in enumerate(parts):
+        s, ct = _split_client(
+            train.subset(idx),
+            client_test_fraction,
+            T.derive_seed(seed, "client_test", k),
+            classification,
+        )
+        if ln_spec is not None and ln_spec.get("rate", 0.0) > 0:
+            if not classification:
+                raise FedriskError("label_noise needs a classification dataset")
+            s = T.flip_labels(s, ln_spec["rate"], num_classes, T.derive_seed(seed, "label_noise", k))
+        if fn_spec is not None:
+            mean_k = fn_spec.get("mean", 0.0) + (k - num_clients // 2) * fn_spec.get("mean_step", 0.0)
+            s = T.add_feature_noise(s, fn_spec["std"], T.derive_seed(seed, "noise", k), mean_k)
+            if ct is not None:
+                ct = T.add_feature_noise(ct, fn_spec["std"], T.derive_seed(seed, "noise_test", k), mean_k)
+        clients.append(s)
+        if ct is not None:
+            client_tests.append(ct)
+
+    info: dict[str, Any] = {
+        "dataset": dataset,
+        "dataset_options": dict(dataset_options or {}),
+        "dataset_meta": meta.to_dict(),
+        "task": meta.task,
+        "partition": partition,
+        "partition_options": {**dict(partition_options or {}), "on": on},
+        "num_clients": num_clients,
+        "seed": seed,
+        "binarize": None if bin_spec is None else {**bin_spec, "positive_classes": positive_classes},
+        "positive_classes": positive_classes,
+        "client_test_fraction": client_test_fraction,
+        "validation_fraction": validation_fraction,
+        "feature_noise": fn_spec,
+        "label_noise": ln_spec,
+        "attr_names": dict(meta.attr_names),
+        "client_sizes": [len(c) for c in clients],
+    }
+    if fn_spec is not None:
+        info["client_noise_means"] = [
+            fn_spec.get("mean", 0.0) + (k - num_clients // 2) * fn_spec.get("mean_step", 0.0)
+            for k in range(num_clients)
+        ]
+    if classification and num_classes == 2:
+        info["positive_ratio"] = _positive_ratio(train)
+        info["client_positive_ratios"] = [_positive_ratio(c) for c in clients]
+        info["test_positive_ratio"] = _positive_ratio(test)
+    return Federation(
+        name=f"{dataset}-{partition}-K{num_clients}",
+        clients=clients,
+        num_classes=num_classes,
+        client_tests=client_tests if client_test_fraction > 0 else None,
+        validation=validation,
+        test=test,
+        class_names=class_names,
+        info=info,
+    )
