@@ -41,7 +41,7 @@ def federation(sizes: tuple[int, ...], seed: int = 0) -> Federation:
     return Federation("toy", clients, num_classes=C)
 
 
-def local_sgd(model, anchor, samples, idx, lr, mu=0.0):  # noqa: ANN001, ANN201
+def local_sgd(model, anchor, samples, idx, lr, mu=0.0):
     """E steps of (proximal) SGD with plain autograd; returns the params and the mean loss."""
     w = {k: v.clone() for k, v in anchor.items()}
     losses = []
@@ -50,11 +50,11 @@ def local_sgd(model, anchor, samples, idx, lr, mu=0.0):  # noqa: ANN001, ANN201
         loss = cross_entropy(model.apply(leaves, samples.x[idx[t]]), samples.y[idx[t]])
         grads = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
         w = {k: w[k] - lr * (grads[k] + mu * (w[k] - anchor[k])) for k in w}
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return w, sum(losses) / len(losses)
 
 
-def reference_round(model, params, fed, seed, r, clients, *, lr, steps, bs, weighting, mu=0.0):  # noqa: ANN001, ANN201
+def reference_round(model, params, fed, seed, r, clients, *, lr, steps, bs, weighting, mu=0.0):
     """The averaged client model of round ``r`` (before the server step)."""
     locals_, sizes = {}, {}
     for k in clients:
@@ -101,9 +101,7 @@ def test_weighting_matches_reference(weighting: str) -> None:
     sim = Simulation(alg, fed, seed=1, dtype=F64)
     w0 = sim.server_state["params"]
     sim.step()
-    expected = reference_round(
-        model, w0, sim.federation, 1, 0, [0, 1, 2], lr=0.2, steps=2, bs=3, weighting=weighting
-    )
+    expected = reference_round(model, w0, sim.federation, 1, 0, [0, 1, 2], lr=0.2, steps=2, bs=3, weighting=weighting)
     assert_close(sim.server_state["params"], expected)
 
 
@@ -149,9 +147,13 @@ def test_fedprox_with_mu_matches_reference_and_differs_from_fedavg() -> None:
     model, fed = mlp(), federation((7, 9, 12))
     prox = Simulation(
         FedProx(model=model, loss=cross_entropy, lr=0.2, local_steps=3, batch_size=4, mu=0.5),
-        fed, seed=3, dtype=F64,
+        fed,
+        seed=3,
+        dtype=F64,
     )
-    avg = Simulation(FedAvg(model=model, loss=cross_entropy, lr=0.2, local_steps=3, batch_size=4), fed, seed=3, dtype=F64)
+    avg = Simulation(
+        FedAvg(model=model, loss=cross_entropy, lr=0.2, local_steps=3, batch_size=4), fed, seed=3, dtype=F64
+    )
     w0 = prox.server_state["params"]
     prox.step()
     avg.step()

@@ -49,14 +49,21 @@ def optimum(fed: Federation, weighting: str) -> torch.Tensor:
     return torch.linalg.solve(hess, rhs)
 
 
-def full_batch(alg_cls, batch_size: int, **kw):  # noqa: ANN001, ANN201
+def full_batch(alg_cls, batch_size: int, **kw):
     """Full-batch local steps: with ``shuffle`` and batch = a multiple of every client size,
     each batch holds every row equally often, so each step uses the exact local gradient."""
-    return alg_cls(model=Linear(), loss=mean_squared_error, lr=0.05, local_steps=10,
-                   batch_size=batch_size, sampling="shuffle", **kw)
+    return alg_cls(
+        model=Linear(),
+        loss=mean_squared_error,
+        lr=0.05,
+        local_steps=10,
+        batch_size=batch_size,
+        sampling="shuffle",
+        **kw,
+    )
 
 
-def error_after(alg, fed: Federation, rounds: int, target: torch.Tensor) -> float:  # noqa: ANN001
+def error_after(alg, fed: Federation, rounds: int, target: torch.Tensor) -> float:
     sim = Simulation(alg, fed, seed=0, dtype=F64)
     for _ in range(rounds):
         sim.step()
@@ -89,8 +96,15 @@ def mean_client_control(sim: Simulation) -> torch.Tensor:
 @pytest.mark.parametrize("per_round", [None, 2])
 def test_server_control_is_the_mean_of_client_controls(option: str, per_round: int | None) -> None:
     fed = least_squares((6, 8, 10, 12))
-    alg = Scaffold(model=Linear(), loss=mean_squared_error, lr=0.05, local_steps=4, batch_size=3,
-                   control_option=option, clients_per_round=per_round)
+    alg = Scaffold(
+        model=Linear(),
+        loss=mean_squared_error,
+        lr=0.05,
+        local_steps=4,
+        batch_size=3,
+        control_option=option,
+        clients_per_round=per_round,
+    )
     sim = Simulation(alg, fed, seed=1, dtype=F64)
     for _ in range(5):
         sim.step()
@@ -110,7 +124,7 @@ def test_option_one_stores_the_local_gradient_at_the_server_model() -> None:
             assert torch.allclose(sim.client_states[k]["control"]["w"], grad, rtol=0, atol=1e-12)
 
 
-def reference_scaffold(fed, seed, rounds_clients, *, lr, steps, bs, option, eta_g, x0):  # noqa: ANN001, ANN201
+def reference_scaffold(fed, seed, rounds_clients, *, lr, steps, bs, option, eta_g, x0):
     """Algorithm 1 of Karimireddy et al. written out with explicit least-squares gradients."""
     n_clients = fed.num_clients
     x, c = x0.clone(), torch.zeros(D, dtype=F64)
@@ -143,13 +157,20 @@ def reference_scaffold(fed, seed, rounds_clients, *, lr, steps, bs, option, eta_
 @pytest.mark.parametrize("option", ["I", "II"])
 def test_matches_algorithm_one_step_by_step(option: str) -> None:
     fed = least_squares((5, 7, 9, 11, 13))
-    alg = Scaffold(model=Linear(), loss=mean_squared_error, lr=0.04, local_steps=3, batch_size=4,
-                   control_option=option, global_lr=1.5, clients_per_round=3)
+    alg = Scaffold(
+        model=Linear(),
+        loss=mean_squared_error,
+        lr=0.04,
+        local_steps=3,
+        batch_size=4,
+        control_option=option,
+        global_lr=1.5,
+        clients_per_round=3,
+    )
     sim = Simulation(alg, fed, seed=7, dtype=F64)
     x0 = sim.server_state["params"]["w"]
     chosen = [sim.step().clients for _ in range(4)]
-    x, c, cs = reference_scaffold(sim.federation, 7, chosen, lr=0.04, steps=3, bs=4, option=option,
-                                  eta_g=1.5, x0=x0)
+    x, c, cs = reference_scaffold(sim.federation, 7, chosen, lr=0.04, steps=3, bs=4, option=option, eta_g=1.5, x0=x0)
     assert torch.allclose(sim.server_state["params"]["w"], x, rtol=0, atol=1e-12)
     assert torch.allclose(sim.server_state["control"]["w"], c, rtol=0, atol=1e-12)
     for k in range(5):

@@ -14,6 +14,7 @@ from fedrisk.algorithms.base import (
     RoundPlan,
     sample_clients,
 )
+from fedrisk.algorithms.codasca import CODA, CODASCA, NPA, CODAPlus
 from fedrisk.algorithms.fedavg import FedAvg, FedProx
 from fedrisk.algorithms.local_only import Centralized, LocalOnly, centralized
 from fedrisk.algorithms.scaffold import Scaffold
@@ -25,10 +26,18 @@ ALGORITHMS.add("fedprox", FedProx, "FedProx: FedAvg with a proximal term mu/2 ||
 ALGORITHMS.add("scaffold", Scaffold, "SCAFFOLD: local SGD with control variates c - c_i (options I/II)")
 ALGORITHMS.add("local_only", LocalOnly, "each client trains its own model; no communication")
 ALGORITHMS.add("centralized", Centralized, "minibatch SGD on pooled data (a one-client federation)")
+ALGORITHMS.add("coda", CODA, "CODA: stagewise local primal-dual AUC SGD + pooled dual reset per stage")
+ALGORITHMS.add("codaplus", CODAPlus, "CODA+: stagewise local primal-dual AUC SGD with prox term (Alg. 1-2)")
+ALGORITHMS.add("npa", NPA, "NPA: CODA+ with I = 1 and local minibatch M (naive parallel PPD-SG)")
+ALGORITHMS.add("codasca", CODASCA, "CODASCA: CODA+ with primal/dual control variates, global step (Alg. 3-4)")
 
 __all__ = [
     "ALGORITHMS",
+    "CODA",
+    "CODASCA",
+    "NPA",
     "Algorithm",
+    "CODAPlus",
     "Centralized",
     "ClientResult",
     "FedAvg",

@@ -141,15 +141,11 @@ class Scaffold(Algorithm):
     # -- server: lines 4-5 (sample S, send (x, c)) ---------------------------------------
     def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
         clients = sample_clients(gen, ctx.fed.num_clients, self.clients_per_round)
-        return RoundPlan(
-            clients, broadcast={"params": server_state["params"], "control": server_state["control"]}
-        )
+        return RoundPlan(clients, broadcast={"params": server_state["params"], "control": server_state["control"]})
 
     # -- client: lines 7-13 -----------------------------------------------------------------
     def draw(self, ctx: RoundContext, client: int, num_samples: int, gen: torch.Generator) -> Tree:
-        draws = {
-            "batches": sample_batches(gen, num_samples, self.local_steps, self.batch_size, self.sampling)
-        }
+        draws = {"batches": sample_batches(gen, num_samples, self.local_steps, self.batch_size, self.sampling)}
         if self.control_option == "I":
             # a fresh minibatch for g_i(x), drawn after the K local batches
             draws["control_batch"] = sample_batches(gen, num_samples, 1, self.batch_size, self.sampling)[0]

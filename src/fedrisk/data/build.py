@@ -40,6 +40,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -72,11 +73,25 @@ def _options(what: str, given: Mapping[str, Any] | None, allowed: Sequence[str])
 # ----------------------------------------------------------------------------- steps
 
 
-def _load(dataset: str, options: Mapping[str, Any] | None, data_root: str | Path | None, seed: int) -> LoadedDataset:
+def _load(
+    dataset: str,
+    options: Mapping[str, Any] | None,
+    data_root: str | Path | None,
+    seed: int,
+    num_clients: int,
+) -> tuple[LoadedDataset, int]:
+    """The loaded dataset and the seed its loader got (for its split or its generator).
+
+    A generator with natural clients (a ``num_clients`` option) makes ``num_clients`` of them
+    unless ``options`` says otherwise.
+    """
     opts = dict(options or {})
-    split_seed = opts.pop("seed", T.derive_seed(seed, "dataset"))
+    data_seed = opts.pop("seed", T.derive_seed(seed, "dataset"))
     fn = DATASETS.get(dataset)
-    return call_with_options("dataset", dataset, fn, opts, data_root=data_root, seed=split_seed)
+    if "num_clients" in inspect.signature(fn).parameters:
+        opts.setdefault("num_clients", num_clients)
+    ds = call_with_options("dataset", dataset, fn, opts, data_root=data_root, seed=data_seed)
+    return ds, data_seed
 
 
 def _positive_classes(spec: Mapping[str, Any], meta: DatasetMeta) -> list[int]:
@@ -132,7 +147,8 @@ def _partition_key(train: Samples, partition: str, on: str | None, meta: Dataset
                 f"task; allowed: {', '.join(_LABEL_FREE_PARTITIONS)} (by_attribute with on = "
                 f"an attribute)"
             )
-        return on, train.y
+        # label-free partitioners only need the row count: give them integer placeholders
+        return on, train.y if meta.task == "classification" else torch.zeros(len(train), dtype=torch.long)
     if on not in train.attrs:
         allowed = ["label", *train.attrs]
         raise FedriskError(f"partition option on = {on!r} is not allowed; allowed: {', '.join(allowed)}")
@@ -222,7 +238,7 @@ def build_federation(
         check_range("label_noise.rate", ln_spec.get("rate", 0.0), 0.0, 1.0)
 
     # 1-2. load and binarise
-    ds = _load(dataset, dataset_options, data_root, seed)
+    ds, data_seed = _load(dataset, dataset_options, data_root, seed, num_clients)
     meta = ds.meta
     train, test = ds.train, ds.test
     num_classes, class_names = meta.num_classes, list(meta.class_names)
@@ -281,10 +297,11 @@ def build_federation(
     info: dict[str, Any] = {
         "dataset": dataset,
         "dataset_options": dict(dataset_options or {}),
+        "dataset_seed": data_seed,
         "dataset_meta": meta.to_dict(),
         "task": meta.task,
         "partition": partition,
-        "partition_options": {**dict(partition_options or {}), "on": on},
+        "partition_options": {**popts, "on": on},
         "num_clients": num_clients,
         "seed": seed,
         "binarize": None if bin_spec is None else {**bin_spec, "positive_classes": positive_classes},

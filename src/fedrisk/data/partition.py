@@ -62,9 +62,7 @@ def as_label_array(labels: Labels, name: str = "labels") -> np.ndarray:
         if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
             raise FedriskError(f"{name} must hold integers; got dtype {arr.dtype}")
         if not np.all(np.equal(np.mod(arr, 1), 0)):
-            raise FedriskError(
-                f"{name} must hold integer values (class ids); got fractional values"
-            )
+            raise FedriskError(f"{name} must hold integer values (class ids); got fractional values")
     return arr.astype(np.int64, copy=False)
 
 
@@ -139,9 +137,7 @@ def iid(labels: Labels, num_clients: int, seed: int = 0) -> Partition:
     return _sorted_lists(_split_evenly(perm, num_clients))
 
 
-@PARTITIONERS.register(
-    "dirichlet", "per-class Dirichlet(alpha) client proportions (smaller alpha = more skew)"
-)
+@PARTITIONERS.register("dirichlet", "per-class Dirichlet(alpha) client proportions (smaller alpha = more skew)")
 def dirichlet(
     labels: Labels,
     num_clients: int,
@@ -204,12 +200,8 @@ def dirichlet(
     )
 
 
-@PARTITIONERS.register(
-    "shards", "pathological split: sort by label, cut into shards, deal shards to clients"
-)
-def shards(
-    labels: Labels, num_clients: int, shards_per_client: int = 2, seed: int = 0
-) -> Partition:
+@PARTITIONERS.register("shards", "pathological split: sort by label, cut into shards, deal shards to clients")
+def shards(labels: Labels, num_clients: int, shards_per_client: int = 2, seed: int = 0) -> Partition:
     """McMahan et al. (2017) pathological non-IID split.
 
     Rows are sorted by label (ties in random order), cut into
@@ -232,20 +224,14 @@ def shards(
     dealt = rng.permutation(len(pieces))
     return _sorted_lists(
         [
-            np.concatenate(
-                [pieces[s] for s in dealt[k * shards_per_client : (k + 1) * shards_per_client]]
-            )
+            np.concatenate([pieces[s] for s in dealt[k * shards_per_client : (k + 1) * shards_per_client]])
             for k in range(num_clients)
         ]
     )
 
 
-@PARTITIONERS.register(
-    "k_classes", "each client holds exactly k classes; a class is shared by its holders"
-)
-def k_classes(
-    labels: Labels, num_clients: int, classes_per_client: int = 2, seed: int = 0
-) -> Partition:
+@PARTITIONERS.register("k_classes", "each client holds exactly k classes; a class is shared by its holders")
+def k_classes(labels: Labels, num_clients: int, classes_per_client: int = 2, seed: int = 0) -> Partition:
     """Every client holds exactly ``classes_per_client`` classes.
 
     Clients pick in turn: client ``i`` takes the ``k`` classes held by the fewest clients so
@@ -289,9 +275,7 @@ def k_classes(
     return _sorted_lists(parts)
 
 
-@PARTITIONERS.register(
-    "class_disjoint", "classes shuffled and dealt round-robin; no two clients share a class"
-)
+@PARTITIONERS.register("class_disjoint", "classes shuffled and dealt round-robin; no two clients share a class")
 def class_disjoint(
     labels: Labels,
     num_clients: int,
@@ -341,9 +325,7 @@ def class_disjoint(
     return [np.flatnonzero(np.isin(y, cs)).tolist() for cs in owned]
 
 
-@PARTITIONERS.register(
-    "by_attribute", "natural groups: one client (or m clients) per distinct attribute value"
-)
+@PARTITIONERS.register("by_attribute", "natural groups: one client (or m clients) per distinct attribute value")
 def by_attribute(values: Labels, num_clients: int | None = None, seed: int = 0) -> Partition:
     """Natural partition by an attribute (a sensitive group, a site, a writer, ...).
 
@@ -386,9 +368,7 @@ def by_attribute(values: Labels, num_clients: int | None = None, seed: int = 0) 
 
 
 @PARTITIONERS.register("by_sizes", "random disjoint clients of explicitly given sizes")
-def by_sizes(
-    labels: Labels, sizes: Sequence[int], seed: int = 0, num_clients: int | None = None
-) -> Partition:
+def by_sizes(labels: Labels, sizes: Sequence[int], seed: int = 0, num_clients: int | None = None) -> Partition:
     """Random disjoint clients with ``sizes[k]`` rows each (rows not dealt are left out).
 
     ``num_clients``, when given, must equal ``len(sizes)`` (it lets the config runner call
@@ -412,8 +392,7 @@ def by_sizes(
             raise FedriskError(f"sizes[{k}] = {s} is out of range; allowed: [1, {len(y)}]")
     if sum(sizes) > len(y):
         raise FedriskError(
-            f"sizes sum to {sum(sizes)}, more than the {len(y)} samples available; "
-            f"allowed: sum(sizes) <= {len(y)}"
+            f"sizes sum to {sum(sizes)}, more than the {len(y)} samples available; allowed: sum(sizes) <= {len(y)}"
         )
     perm = np.random.default_rng(seed).permutation(len(y))
     cuts = np.cumsum(sizes)

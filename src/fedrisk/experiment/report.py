@@ -1,0 +1,234 @@
+"""Reports over runs: group run directories by configuration (the config minus its seed),
+tabulate final and best metrics as mean ± std over seeds, and plot one curve per configuration.
+
+* Grouping compares the resolved configs on every key that changes the numbers (see
+  :func:`fedrisk.experiment.config.semantic_view`), minus ``run.seed`` / ``run.seeds``.
+* A configuration's label is its sweep directory name (``DIR/<label>/seed=<s>``) when the runs
+  come from a sweep, else the keys in which the configurations differ (``lr=0.1``; the
+  algorithm name alone for ``algorithm.name``).
+* "final" is the last evaluation of each run; "best" the best evaluation of each run (the
+  minimum for losses, the maximum otherwise).  Standard deviations are sample standard
+  deviations (``ddof = 1``) over seeds; with one seed only the mean is shown.
+* Curves average over seeds at the rounds every seed evaluated.
+
+Example:
+    >>> mean_std([0.5, 0.7])
+    (0.6, 0.1414213562373095)
+    >>> format_mean_std([0.5, 0.7]), format_mean_std([0.5])
+    ('0.6000 ± 0.1414', '0.5000')
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedrisk.errors import FedriskError
+from fedrisk.experiment.config import semantic_view
+from fedrisk.experiment.outputs import RunData, atomic_write_text, find_runs, load_run
+from fedrisk.experiment.plots import MB, Curve, plot_curves
+from fedrisk.experiment.runner import lower_is_better
+from fedrisk.experiment.types import format_value
+
+SEED_KEYS = ("run.seed", "run.seeds")
+_SEED_DIR = re.compile(r"^seed=\d+$")
+
+
+@dataclass
+class Group:
+    """Runs of one configuration (differing only in the seed)."""
+
+    label: str
+    runs: list[RunData]
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def seeds(self) -> list[int]:
+        return [int(r.config.get("run", {}).get("seed", 0)) for r in self.runs]
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan
+    mean = sum(values) / n
+    if n == 1:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+
+
+def format_mean_std(values: Sequence[float], digits: int = 4) -> str:
+    if not values:
+        return "–"
+    mean, std = mean_std(values)
+    return f"{mean:.{digits}f}" if len(values) == 1 else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def group_runs(runs: Sequence[RunData]) -> list[Group]:
+    """Group runs whose configs agree on every semantic key but the seed, in first-seen order."""
+    keyed: dict[tuple, Group] = {}
+    for run in runs:
+        view = {k: v for k, v in semantic_view(run.config).items() if k not in SEED_KEYS}
+        key = tuple(sorted((k, repr(v)) for k, v in view.items()))
+        if key not in keyed:
+            keyed[key] = Group("", [], view)
+        keyed[key].runs.append(run)
+    groups = list(keyed.values())
+    _label(groups)
+    return groups
+
+
+def _label(groups: list[Group]) -> None:
+    differing = sorted(
+        {k for g in groups for k in g.config if any(g.config.get(k) != h.config.get(k) for h in groups)}
+    )
+    for g in groups:
+        parents = {r.path.parent for r in g.runs}
+        if len(parents) == 1 and all(_SEED_DIR.match(r.path.name) for r in g.runs):
+            parent = next(iter(parents))
+            if parent.name and len(groups) > 1:
+                g.label = parent.name
+                continue
+        parts = []
+        for k in differing:
+            v = g.config.get(k)
+            shown = v if isinstance(v, str) else format_value(v)
+            parts.append(str(shown) if k == "algorithm.name" else f"{k.rsplit('.', 1)[-1]}={shown}")
+        g.label = ", ".join(parts) or str(g.config.get("algorithm.name", g.runs[0].path.name))
+
+
+def metric_names(groups: Sequence[Group]) -> list[str]:
+    names: dict[str, None] = {}
+    for g in groups:
+        for r in g.runs:
+            for m in r.metric_names:
+                names.setdefault(m, None)
+    return list(names)
+
+
+def _final(run: RunData, metric: str) -> float | None:
+    for r in reversed(run.records):
+        if metric in r:
+            return float(r[metric])
+    return None
+
+
+def _best(run: RunData, metric: str) -> float | None:
+    vals = [float(r[metric]) for r in run.records if metric in r and r[metric] == r[metric]]
+    if not vals:
+        return None
+    return min(vals) if lower_is_better(metric) else max(vals)
+
+
+def markdown_table(groups: Sequence[Group], metrics: Sequence[str]) -> str:
+    """The results table: one row per configuration, final and best of each metric."""
+    head = ["configuration", "seeds", "rounds"]
+    for m in metrics:
+        head += [f"final {m}", f"best {m}"]
+    head.append("MB communicated")
+    rows = []
+    for g in groups:
+        rounds = sorted({int(r.records[-1]["round"]) for r in g.runs if r.records})
+        row = [g.label, str(len(g.runs)), "/".join(map(str, rounds)) or "0"]
+        for m in metrics:
+            finals = [v for v in (_final(r, m) for r in g.runs) if v is not None]
+            bests = [v for v in (_best(r, m) for r in g.runs) if v is not None]
+            row += [format_mean_std(finals), format_mean_std(bests)]
+        comm = [(r.records[-1]["bytes_down"] + r.records[-1]["bytes_up"]) / MB for r in g.runs if r.records]
+        row.append(format_mean_std(comm, digits=2))
+        unfinished = sum(not r.finished for r in g.runs)
+        if unfinished:
+            row[0] += f" ({unfinished} unfinished)"
+        rows.append(row)
+    align = ["---", "---:", "---:"] + ["---:"] * (2 * len(metrics)) + ["---:"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def group_curve(group: Group, metrics: Sequence[str]) -> Curve:
+    """Mean ± std over the group's runs at the rounds every run evaluated."""
+    common = None
+    for r in group.runs:
+        rounds = {int(rec["round"]) for rec in r.records}
+        common = rounds if common is None else common & rounds
+    rounds = sorted(common or [])
+    by_round = [{int(rec["round"]): rec for rec in r.records} for r in group.runs]
+    values = {}
+    for m in metrics:
+        means, stds = [], []
+        for t in rounds:
+            vals = [float(b[t][m]) for b in by_round if m in b[t]]
+            mu, sd = mean_std(vals)
+            means.append(mu)
+            stds.append(sd)
+        if rounds and any(m in b[rounds[0]] for b in by_round):
+            values[m] = (means, stds)
+    mb = [mean_std([(b[t]["bytes_down"] + b[t]["bytes_up"]) / MB for b in by_round])[0] for t in rounds]
+    return Curve(group.label, rounds, mb, values)
+
+
+@dataclass
+class Report:
+    """A rendered report: the Markdown text, its groups and the plot files."""
+
+    markdown: str
+    table: str
+    groups: list[Group]
+    plots: list[Path]
+    path: Path | None
+
+
+def make_report(
+    paths: Sequence[str | Path],
+    out: str | Path | None = None,
+    metrics: Sequence[str] | None = None,
+    plots: bool = True,
+) -> Report:
+    """Read every run at or below ``paths``, group, tabulate and plot.
+
+    Writes ``report.md`` and ``comparison_vs_round.png`` / ``comparison_vs_bytes.png`` into
+    ``out`` (default: the single path given, or the common parent of several).
+    """
+    runs = [load_run(p) for p in find_runs(paths)]
+    groups = group_runs(runs)
+    available = metric_names(groups)
+    if metrics:
+        unknown = [m for m in metrics if m not in available]
+        if unknown:
+            raise FedriskError(
+                f"--metrics: {', '.join(map(repr, unknown))} not found in the runs; available: {', '.join(available)}"
+            )
+        chosen = list(metrics)
+    else:
+        chosen = available
+    table = markdown_table(groups, chosen)
+    out_dir = Path(out) if out is not None else _default_out(paths)
+    plot_files: list[Path] = []
+    if plots and any(r.records for r in runs):
+        plot_files = plot_curves([group_curve(g, chosen) for g in groups], chosen, out_dir, "comparison")
+    lines = [
+        "# fedrisk report",
+        "",
+        f"{len(runs)} run(s) in {len(groups)} configuration(s); mean ± sample std over seeds.",
+        "",
+        table,
+        "",
+    ]
+    lines += [f"![{p.stem}]({p.name})" for p in plot_files]
+    lines += ["", "Runs:", ""] + [f"- `{r.path}`" for r in runs]
+    markdown = "\n".join(lines) + "\n"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / "report.md", markdown)
+    return Report(markdown, table, groups, plot_files, out_dir / "report.md")
+
+
+def _default_out(paths: Sequence[str | Path]) -> Path:
+    ps = [str(Path(p).resolve()) for p in paths]
+    return Path(os.path.commonpath(ps)) if ps else Path(".")

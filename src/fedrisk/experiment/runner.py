@@ -1,0 +1,566 @@
+"""Run one experiment from a validated config: build, run with progress, write outputs,
+checkpoint, resume.
+
+:func:`build_simulation` turns a config into a :class:`~fedrisk.runtime.simulation.Simulation`
+(``build_federation`` -> model -> objective -> algorithm).  :func:`run_experiment` runs it
+through :func:`fedrisk.api.run_simulation` with three callbacks: :class:`MetricsWriter`
+(``metrics.jsonl``), :class:`~fedrisk.experiment.progress.Progress` and :class:`Checkpointer`.
+
+Checkpoints and exact resume.  Every random draw of a run comes from a generator derived from
+``(seed, round, client, stream)`` by :mod:`fedrisk.rng`, so the random state of a run *is* its
+seed and its round.  A checkpoint therefore holds the round, the seed, the server state, every
+client's state, the communication ledger and the evaluation history (plus the global
+torch / NumPy / Python generator states, so that code drawing from them resumes too), and
+``--resume`` continues bit-exactly: a run of 10 rounds and a run interrupted after 5 and
+resumed end with identical metrics.  Checkpoints are written every ``run.checkpoint_every``
+rounds, at the end, and on SIGINT / SIGTERM: the handler only sets a flag, the current round
+(and its evaluation, if one is due) finishes, the checkpoint is written and the run stops with
+:class:`RunInterrupted` (exit code 130 / 143 from the CLI).  A second SIGINT stops at once.
+
+Example:
+    >>> import tempfile
+    >>> from fedrisk.experiment.config import resolve_config
+    >>> cfg = resolve_config({"data": {"dataset": "digits", "num_clients": 3},
+    ...                       "run": {"rounds": 2}, "output": {"plots": False}})
+    >>> result = run_experiment(cfg, tempfile.mkdtemp(), progress="none")
+    >>> result.summary["status"], result.summary["rounds"], sorted(result.summary["final"])
+    ('finished', 2, ['test_accuracy', 'test_log_loss'])
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import torch
+
+import fedrisk
+from fedrisk.api import Callback, History, run_simulation
+from fedrisk.errors import FedriskError
+from fedrisk.experiment.config import (
+    AUTO,
+    NONE,
+    ONE_OUTPUT_LOSSES,
+    RUN_SEED,
+    ExperimentConfig,
+    algorithm_fields,
+    diff_configs,
+    model_options,
+)
+from fedrisk.experiment.outputs import RunDir, append_jsonl, atomic_torch_save, atomic_write_text, write_json, write_jsonl
+from fedrisk.experiment.progress import Progress
+from fedrisk.runtime.evaluation import LOWER_IS_BETTER
+from fedrisk.runtime.simulation import RoundReport, Simulation
+
+CHECKPOINT_FORMAT = 1
+SIGNAL_NAMES = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
+
+
+class RunInterrupted(Exception):
+    """A run stopped on SIGINT / SIGTERM after writing its checkpoint."""
+
+    def __init__(self, signum: int, round: int, path: Path) -> None:
+        self.signum = signum
+        self.round = round
+        self.path = path
+        name = SIGNAL_NAMES.get(signum, f"signal {signum}")
+        super().__init__(
+            f"{name} received: stopped after round {round}; checkpoint written to {path}. "
+            f"Continue with: fedrisk run <config> --out {path.parent} --resume"
+        )
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal number (130 for SIGINT, 143 for SIGTERM)."""
+        return 128 + int(self.signum)
+
+
+# ============================================================================= building
+
+
+@dataclass
+class Built:
+    """What :func:`build_simulation` made, plus the values it decided ("auto" resolved)."""
+
+    simulation: Simulation
+    resolved: dict[str, Any]
+
+
+def run_seed(cfg: ExperimentConfig) -> int:
+    """The seed of a single run: ``run.seeds[0]`` when exactly one is listed, else ``run.seed``."""
+    seeds = cfg["run.seeds"]
+    if len(seeds) > 1:
+        raise FedriskError(
+            f"run.seeds = {seeds} lists several seeds; a single run takes one (use `fedrisk run`, which runs each "
+            "seed into DIR/seed=<s>, or `fedrisk sweep`)"
+        )
+    return seeds[0] if seeds else cfg["run.seed"]
+
+
+def build_simulation(cfg: ExperimentConfig, seed: int | None = None) -> Built:
+    """Federation, model, objective, algorithm (and attack) of ``cfg`` as a fresh Simulation.
+
+    Example:
+        >>> from fedrisk.experiment.config import resolve_config
+        >>> built = build_simulation(resolve_config({"data": {"dataset": "wine", "num_clients": 2}}))
+        >>> built.simulation.federation.num_clients, built.resolved["num_outputs"], built.resolved["objective"]
+        (2, 3, 'cross_entropy')
+    """
+    from fedrisk.algorithms import ALGORITHMS
+    from fedrisk.data import build_federation
+    from fedrisk.models import FunctionalModel, build_model
+    from fedrisk.objectives.supervised import LOSSES
+
+    seed = run_seed(cfg) if seed is None else seed
+    data = cfg.section("data")
+    fed = build_federation(
+        data["dataset"],
+        data["partition"],
+        data["num_clients"],
+        seed=seed if data["seed"] == RUN_SEED else data["seed"],
+        data_root=data["data_root"] or None,
+        dataset_options=data["dataset_options"],
+        partition_options=data["partition_options"],
+        binarize=data["binarize"],
+        client_test_fraction=data["client_test_fraction"],
+        validation_fraction=data["validation_fraction"],
+        feature_noise=data["feature_noise"],
+        label_noise=data["label_noise"],
+    )
+    regression = fed.info.get("task") == "regression"
+
+    alg_cfg = cfg.section("algorithm")
+    cls = ALGORITHMS.get(alg_cfg["name"])
+    fields = algorithm_fields(cls)
+    objective = cfg["objective.name"]
+    num_outputs = cfg["model.num_outputs"]
+    if num_outputs == AUTO:
+        one = regression or objective in ONE_OUTPUT_LOSSES or (getattr(cls, "scorer", False) and fed.num_classes == 2)
+        num_outputs = 1 if one else fed.num_classes
+    if fields.loss is not None and objective == AUTO:
+        objective = "mse" if regression else ("binary_cross_entropy" if num_outputs == 1 else "cross_entropy")
+
+    input_shape = tuple(int(d) for d in fed.clients[0].x.shape[1:])
+    model_cfg = cfg.section("model")
+    module = build_model(model_cfg["name"], input_shape, num_outputs, **model_options(model_cfg))
+    model = FunctionalModel(module)
+
+    kwargs: dict[str, Any] = {k: alg_cfg[k] for k in fields.hyper}
+    kwargs["model"] = model
+    if fields.loss is not None:
+        kwargs[fields.loss] = LOSSES[objective][0]
+    if fields.aggregator is not None and alg_cfg["aggregator"] != NONE:
+        kwargs[fields.aggregator] = build_aggregator(alg_cfg["aggregator"])
+    if fields.server_opt is not None:
+        kwargs[fields.server_opt] = build_server_opt(
+            alg_cfg["server_lr"], alg_cfg["server_momentum"], alg_cfg["server_nesterov"]
+        )
+    try:
+        algorithm = cls(**kwargs)
+    except FedriskError as exc:
+        raise FedriskError(f"[algorithm] {alg_cfg['name']}: {exc}") from None
+
+    attack, byzantine = None, ()
+    if "attack" in cfg.values:
+        attack, byzantine = build_attack(cfg.section("attack"))
+
+    dtype = {"float32": torch.float32, "float64": torch.float64}[cfg["run.dtype"]]
+    sim = Simulation(
+        algorithm,
+        fed,
+        seed=seed,
+        executor=cfg["run.executor"],
+        dtype=dtype,
+        attack=attack,
+        byzantine=byzantine,
+        on_client_failure=cfg["run.on_client_failure"],
+    )
+    resolved = {
+        "seed": seed,
+        "input_shape": list(input_shape),
+        "num_outputs": num_outputs,
+        "objective": objective if fields.loss is not None else f"(defined by {alg_cfg['name']})",
+        "num_params": sum(p.numel() for p in module.parameters()),
+        "federation": fed.name,
+    }
+    return Built(sim, resolved)
+
+
+def build_aggregator(spec: str | Mapping[str, Any]) -> Any:
+    """An aggregator from a resolved ``algorithm.aggregator`` (a name or a table with one)."""
+    from fedrisk.aggregators import AGGREGATORS
+
+    if isinstance(spec, str):
+        return AGGREGATORS.get(spec)()
+    options = {k: v for k, v in spec.items() if k != "name"}
+    return AGGREGATORS.get(spec["name"])(**options)
+
+
+def build_server_opt(lr: float, momentum: float, nesterov: bool) -> Any:
+    """``chain(server_momentum(beta), server_lr(eta))`` without the identity parts."""
+    from fedrisk.algorithms.server_opt import chain, identity, server_lr, server_momentum
+
+    parts = []
+    if momentum > 0:
+        parts.append(server_momentum(momentum, nesterov))
+    if lr != 1.0:
+        parts.append(server_lr(lr))
+    if not parts:
+        return identity()
+    return parts[0] if len(parts) == 1 else chain(*parts)
+
+
+def build_attack(spec: Mapping[str, Any]) -> tuple[Any, list[int]]:
+    from fedrisk.experiment.config import _schema, attack_registry
+
+    reg = attack_registry()
+    options = {k: v for k, v in spec.items() if k not in _schema("attack")}
+    ids = list(spec["byzantine"]) or list(range(spec["num_byzantine"]))
+    try:
+        return reg.get(spec["name"])(**options), ids
+    except FedriskError as exc:
+        raise FedriskError(f"[attack] {spec['name']}: {exc}") from None
+
+
+# ============================================================================= callbacks
+
+
+class MetricsWriter(Callback):
+    """Appends every evaluation record to ``metrics.jsonl`` (flushed line by line)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_evaluation(self, sim: Simulation, record: dict[str, Any]) -> None:
+        append_jsonl(self.path, record)
+
+
+class _Stop(Exception):
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+
+class SignalGuard:
+    """Within ``with``: SIGINT / SIGTERM only set :attr:`signum` (the run finishes its round);
+    a second SIGINT raises ``KeyboardInterrupt``.  Handlers are installed only in the main
+    thread and restored on exit."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.signum: int | None = None
+        self.stream = stream
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+        if self.stream is not None:
+            try:
+                self.stream.write(
+                    f"\n{SIGNAL_NAMES.get(signum, signum)} received: finishing the current round, then writing a "
+                    "checkpoint (press Ctrl-C again to stop at once)\n"
+                )
+                self.stream.flush()
+            except (OSError, ValueError):
+                pass
+
+    def __enter__(self) -> SignalGuard:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+class Checkpointer(Callback):
+    """Writes checkpoints after completed rounds: every ``every`` rounds and, when ``guard``
+    has seen a signal, once more before stopping the run.
+
+    A round counts as completed after its evaluation when one is due, so the checkpoint's
+    history always holds every evaluation up to its round.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        config: Mapping[str, Any],
+        rounds: int,
+        eval_every: int,
+        every: int,
+        guard: SignalGuard | None,
+        history: History,
+        elapsed: Any,
+    ) -> None:
+        self.path = path
+        self.config = dict(config)
+        self.rounds = rounds
+        self.eval_every = eval_every
+        self.every = every
+        self.guard = guard
+        self.history = history
+        self.elapsed = elapsed
+
+    def _is_eval_round(self, r: int) -> bool:
+        return r % self.eval_every == 0 or r == self.rounds
+
+    def on_round_end(self, sim: Simulation, report: RoundReport) -> None:
+        if not self._is_eval_round(sim.round):
+            self._completed(sim)
+
+    def on_evaluation(self, sim: Simulation, record: dict[str, Any]) -> None:
+        if sim.round > 0 and record.get("round") == sim.round:
+            self._completed(sim)
+
+    def _completed(self, sim: Simulation) -> None:
+        if self.guard is not None and self.guard.signum is not None:
+            self.save(sim)
+            raise _Stop(self.guard.signum)
+        if self.every and sim.round % self.every == 0 and sim.round < self.rounds:
+            self.save(sim)
+
+    def save(self, sim: Simulation) -> None:
+        if not sim.executor.is_primary:
+            return
+        save_checkpoint(self.path, sim, self.config, self.history, self.elapsed())
+
+
+def save_checkpoint(
+    path: Path, sim: Simulation, config: Mapping[str, Any], history: History, elapsed: float
+) -> None:
+    """Write the checkpoint of ``sim`` atomically (see the module docstring for its content)."""
+    state = sim.state_dict()
+    state["client_states"] = sim.executor.collect_states(sim.client_states)
+    atomic_torch_save(
+        {
+            "format": CHECKPOINT_FORMAT,
+            "fedrisk_version": fedrisk.__version__,
+            "config": dict(config),
+            "round": sim.round,
+            "simulation": state,
+            "history": [dict(r) for r in history.records],
+            "elapsed": float(elapsed),
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+        },
+        path,
+    )
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save_checkpoint`."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - a damaged file is a user-facing condition
+        raise FedriskError(f"cannot read checkpoint {path}: {exc}") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
+        raise FedriskError(f"{path} is not a fedrisk checkpoint (format {CHECKPOINT_FORMAT})")
+    return ckpt
+
+
+# ============================================================================= running
+
+
+@dataclass
+class RunResult:
+    """A finished run: its directory, ``summary.json`` content and history."""
+
+    path: Path
+    summary: dict[str, Any]
+    history: History
+
+
+def default_out_dir(cfg: ExperimentConfig) -> Path:
+    return Path(cfg["output.dir"] or f"runs/{cfg.name}")
+
+
+def check_out_dir(rd: RunDir, *, resume: bool, overwrite: bool) -> str:
+    """Refuse to clobber or to resume what is not there; returns the directory's status."""
+    status = rd.status()
+    where = str(rd.path)
+    if resume and overwrite:
+        raise FedriskError("--resume and --overwrite exclude each other: resume continues a run, overwrite starts again")
+    if resume:
+        if status == "finished":
+            raise FedriskError(f"{where} holds a finished run; nothing to resume (use --overwrite to run it again)")
+        if status != "checkpointed":
+            raise FedriskError(f"{where} holds no checkpoint ({rd.checkpoint.name}); nothing to resume - start the run without --resume")
+        return status
+    if status == "finished" and not overwrite:
+        raise FedriskError(f"{where} already holds a finished run; choose another --out or pass --overwrite to replace it")
+    if status == "checkpointed" and not overwrite:
+        raise FedriskError(
+            f"{where} holds an interrupted run with a checkpoint; continue it with --resume or start again with --overwrite"
+        )
+    if status == "started" and not overwrite:
+        raise FedriskError(f"{where} holds an unfinished run without a checkpoint; pass --overwrite to start again")
+    return status
+
+
+def run_experiment(
+    cfg: ExperimentConfig,
+    out: str | Path | None = None,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: str = "auto",
+    stream: TextIO | None = None,
+    label: str = "",
+    seed: int | None = None,
+) -> RunResult:
+    """Run ``cfg`` into ``out`` (default ``output.dir`` or ``runs/<config name>``).
+
+    Args:
+        cfg: a validated config.
+        out: the run directory.
+        resume: continue from ``out``'s checkpoint (the config must match the checkpoint's).
+        overwrite: replace a run already in ``out``.
+        progress: ``"auto"``, ``"bar"``, ``"plain"`` or ``"none"``.
+        stream: where progress goes (default standard error).
+        label: a prefix for the progress line.
+        seed: the run seed (default ``run.seed`` / the single entry of ``run.seeds``).
+
+    Raises:
+        FedriskError: bad input (the directory, the checkpoint, the config).
+        RunInterrupted: SIGINT / SIGTERM; the checkpoint was written.
+    """
+    seed = run_seed(cfg) if seed is None else seed
+    if cfg["run.seeds"] or cfg["run.seed"] != seed:
+        cfg = cfg.with_overrides({"run.seed": seed, "run.seeds": []})
+    rd = RunDir(out if out is not None else default_out_dir(cfg))
+    check_out_dir(rd, resume=resume, overwrite=overwrite)
+    semantic = cfg.semantic()
+    ckpt = None
+    if resume:
+        ckpt = load_checkpoint(rd.checkpoint)
+        diffs = diff_configs(ckpt["config"], semantic)
+        if diffs:
+            lines = ", ".join(f"{k} (checkpoint: {_show(a)}, now: {_show(b)})" for k, a, b in diffs)
+            raise FedriskError(
+                f"the config differs from the checkpoint's in {rd.path}: {lines}. Resume with the same config "
+                f"(e.g. {rd.config}) or start again with --overwrite"
+            )
+    elif overwrite:
+        rd.clear()
+
+    threads = cfg["run.threads"]
+    if threads:
+        torch.set_num_threads(threads)
+    built = build_simulation(cfg, seed)
+    sim = built.simulation
+    rd.path.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(rd.config, cfg.to_toml())
+    _write_partition(rd, sim)
+
+    history = History()
+    elapsed_before = 0.0
+    if ckpt is not None:
+        sim.load_state_dict(ckpt["simulation"])
+        history.records = [dict(r) for r in ckpt["history"]]
+        elapsed_before = float(ckpt["elapsed"])
+        rng = ckpt["rng"]
+        torch.set_rng_state(rng["torch"])
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["python"])
+    write_jsonl(rd.metrics, history.records)
+
+    rounds = cfg["run.rounds"]
+    show = Progress(rounds, mode=progress, stream=stream, label=label, elapsed_before=elapsed_before)
+    with SignalGuard(stream=show.stream if show.mode != "none" else None) as guard:
+        checkpointer = Checkpointer(
+            rd.checkpoint, semantic, rounds, cfg["run.eval_every"], cfg["run.checkpoint_every"], guard, history,
+            show.elapsed,
+        )
+        try:
+            run_simulation(
+                sim,
+                rounds,
+                eval_every=cfg["run.eval_every"],
+                eval_at_start=cfg["run.eval_at_start"],
+                metrics=cfg["run.metrics"] or None,
+                splits=cfg["run.splits"],
+                callbacks=[MetricsWriter(rd.metrics), show, checkpointer],
+                history=history,
+                elapsed_before=elapsed_before,
+            )
+        except _Stop as stop:
+            exc = RunInterrupted(stop.signum, sim.round, rd.checkpoint)
+            show.interrupt(str(exc))
+            raise exc from None
+    checkpointer.save(sim)
+    summary = make_summary(cfg, built.resolved, sim, history)
+    write_json(rd.summary, summary)
+    if cfg["output.plots"] and history.records:
+        from fedrisk.experiment.plots import plot_run
+        from fedrisk.experiment.outputs import load_run
+
+        plot_run(load_run(rd.path), rd.plots)
+    return RunResult(rd.path, summary, history)
+
+
+def _show(value: Any) -> str:
+    from fedrisk.experiment.types import format_value
+
+    return "(absent)" if not isinstance(value, (str, int, float, bool, list, dict)) else format_value(value)
+
+
+def _write_partition(rd: RunDir, sim: Simulation) -> None:
+    fed = sim.federation
+    report: dict[str, Any] = {"name": fed.name, "client_sizes": list(fed.client_sizes)}
+    if all(not c.y.is_floating_point() for c in fed.clients):
+        part = fed.partition_report()
+        report.update(part.to_dict())
+        atomic_write_text(rd.partition_md, f"# Partition: {fed.name}\n\n{part.to_markdown()}\n")
+    report["info"] = fed.info
+    atomic_write_text(rd.partition_json, json.dumps(report, indent=2, default=str) + "\n")
+
+
+def best_values(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per metric: the best value over the evaluations and its round (min for losses)."""
+    from fedrisk.experiment.outputs import RECORD_KEYS
+
+    best: dict[str, dict[str, Any]] = {}
+    for r in records:
+        for k, v in r.items():
+            if k in RECORD_KEYS or not isinstance(v, (int, float)) or v != v:
+                continue
+            lower = lower_is_better(k)
+            cur = best.get(k)
+            if cur is None or (v < cur["value"] if lower else v > cur["value"]):
+                best[k] = {"value": v, "round": r["round"]}
+    return best
+
+
+def lower_is_better(metric: str) -> bool:
+    """``test_log_loss`` -> True (losses are minimised), ``test_accuracy`` -> False."""
+    return any(metric.endswith(name) or f"_{name}_" in metric for name in LOWER_IS_BETTER)
+
+
+def make_summary(cfg: ExperimentConfig, resolved: Mapping[str, Any], sim: Simulation, history: History) -> dict[str, Any]:
+    last = history.records[-1] if history.records else {}
+    from fedrisk.experiment.outputs import RECORD_KEYS
+
+    return {
+        "status": "finished",
+        "fedrisk_version": fedrisk.__version__,
+        "algorithm": cfg["algorithm.name"],
+        "dataset": cfg["data.dataset"],
+        "seed": resolved["seed"],
+        "rounds": sim.round,
+        "evaluations": len(history.records),
+        "final": {k: v for k, v in last.items() if k not in RECORD_KEYS},
+        "best": best_values(history.records),
+        "bytes_down": sim.ledger.total_down,
+        "bytes_up": sim.ledger.total_up,
+        "wall_time": last.get("wall_time"),
+        "resolved": dict(resolved),
+    }

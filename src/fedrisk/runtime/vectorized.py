@@ -1,0 +1,738 @@
+"""The vectorised executor: a block of clients' ``client_update`` at once with ``torch.func.vmap``.
+
+:class:`VectorizedExecutor` gives the same numbers as the sequential executor (to float
+rounding: 1e-9 in float64, 1e-5 relative in float32) and is what makes thousands of small
+clients cheap: one batched tensor program per block of clients instead of one small program
+per client.  One round, for each block of the round's (sorted) clients:
+
+1. ``draws``: ``algorithm.draw(ctx, k, n_k, client_generator(seed, round, k))`` for every client
+   ``k`` of the block, exactly as :class:`~fedrisk.runtime.executor.SequentialExecutor` does
+   (same generator, same calls, hence the same random choices).
+2. ``stack``: each client's per-client payload part (``plan.per_client[k]``), client state and
+   draws are flattened; clients whose trees have the same structure and leaf shapes form a
+   *group* (normally the whole block) and their tensor leaves are stacked into ``[C, ...]``.
+   The ``broadcast`` part of the payload is not stacked: it is captured by the vmapped
+   function, i.e. passed with ``in_dims=None``.  The clients' data are gathered from one
+   concatenated store into ``[C, n_max, ...]`` tensors padded with zero rows up to the
+   block's largest client (``LocalData.size`` is each client's real row count).
+3. ``vmap``: ``client_update(ctx, {**broadcast, **per_client}, state, data, draws)`` runs once
+   under ``torch.func.vmap`` for the whole group.
+4. ``replies`` stay stacked: :class:`StackedReplies` implements ``sum`` / ``mean`` as one
+   weighted reduction over the client dimension and ``gather`` / ``stacked`` / ``as_dict`` by
+   indexing.  New client states are split per client (copied, so that a client's state never
+   pins a whole block's tensor in memory); metrics are split per client.
+5. ``checks``: one ``isfinite`` reduction per reply leaf over the block gives the clients whose
+   reply is NaN/inf; they are handled by ``on_failure`` exactly like the sequential executor
+   (``"raise"``: :class:`~fedrisk.runtime.executor.ClientFailure` naming the client;
+   ``"skip"``: the client is dropped for the round).
+
+What an algorithm author must respect so that ``client_update`` runs under ``vmap``
+(:class:`~fedrisk.algorithms.fedavg.FedAvg` is the reference):
+
+* every random choice is made in ``Algorithm.draw`` from the client's generator and handed to
+  ``client_update`` as tensors in ``draws`` (``torch.rand`` inside ``client_update`` fails:
+  vmap runs with ``randomness="error"``);
+* no ``.item()`` / ``float(t)`` / ``int(t)`` / ``bool(t)`` on tensors that depend on the data,
+  the state or the draws, and no Python ``if`` / ``while`` on such values (use
+  ``torch.where`` and masks); loops only over static counts (``local_steps``, ``draws``' shapes);
+* gradients through :mod:`fedrisk.autodiff` (which switches to ``torch.func.grad_and_value``
+  under a transform) or ``torch.func``; no in-place updates of inputs;
+* the data are padded: index rows only through draws made below ``num_samples`` and use
+  ``LocalData.valid()`` / ``LocalData.size`` for full-batch (masked) computations rather than
+  ``data.x.shape[0]``;
+* replies are trees of tensors (a Python number in a reply is an error here, since replies are
+  stacked and reduced); states and metrics may contain Python values that do not depend on
+  the client (they are carried through as constants).
+
+An algorithm that cannot respect these sets ``vectorizable = False`` and says why in
+``not_vectorizable_reason``; this executor then refuses it at start-up with that reason.  If an
+algorithm claims to be vectorisable but its ``client_update`` fails under ``vmap`` while it runs
+client by client, the run stops with a :class:`~fedrisk.errors.FedriskError` quoting the vmap
+error.
+
+A client raising an exception under ``vmap`` fails its whole group; the group is then re-run
+client by client (on the clients' unpadded data) to find the failing client, which is reported
+(``"raise"``) or dropped (``"skip"``) exactly as the sequential executor does.
+
+**Block size.**  ``block_size=None`` (the default) picks the largest block whose estimated
+memory fits ``memory_budget_mb``; the estimate per client is (see :meth:`bytes_per_client`)::
+
+    PARAM_COPIES * (bytes of the client's payload + bytes of its state)
+      + DATA_COPIES * (padded rows of the largest participating client * bytes per row)
+
+with ``PARAM_COPIES = 8`` (under vmap every client holds its own working parameters, their
+gradient, the tensors autograd saves for one step, the reply, the new state and temporaries)
+and ``DATA_COPIES = 2`` (the gathered block data plus one minibatch-sized gather and the first
+layer's activations, which are at most about the size of the data).  Activations of wide or
+convolutional models are *not* estimated beyond that: for such models lower the budget or set
+``block_size``.  Results do not depend on the block size (up to float rounding).
+
+**Threads.**  The executor never changes torch's global thread settings.  Loops of many small
+operations (the sequential executor on small models) run fastest with
+``torch.set_num_threads(1)``; the batched kernels of this executor gain from 2 or more threads
+when the blocks are large.  Set the number of threads in the calling program.
+
+**Memory.**  :meth:`VectorizedExecutor.prepare` concatenates every client's training rows into
+one store (one extra copy of the training data); per block only the block's clients are
+gathered, padded to the block's largest client (not the federation's).
+
+Example:
+    >>> import torch
+    >>> from fedrisk.algorithms.fedavg import FedAvg
+    >>> from fedrisk.data.federation import Federation, Samples
+    >>> from fedrisk.models import FunctionalModel, build_model
+    >>> from fedrisk.objectives.supervised import cross_entropy
+    >>> from fedrisk.runtime.simulation import Simulation
+    >>> g = torch.Generator().manual_seed(0)
+    >>> s = Samples(torch.randn(40, 4, generator=g), torch.randint(0, 2, (40,), generator=g))
+    >>> fed = Federation("toy", [s.subset(range(15)), s.subset(range(15, 40))], num_classes=2)
+    >>> alg = FedAvg(model=FunctionalModel(build_model("logreg", (4,), 2)), loss=cross_entropy, lr=0.1, batch_size=5)
+    >>> seq = Simulation(alg, fed, seed=0, dtype=torch.float64)
+    >>> vec = Simulation(alg, fed, seed=0, dtype=torch.float64, executor=VectorizedExecutor(block_size=2))
+    >>> _ = seq.step(), vec.step()
+    >>> bool(torch.allclose(seq.server_state["params"]["linear.weight"], vec.server_state["params"]["linear.weight"]))
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.func import vmap
+from torch.utils import _pytree as pytree
+
+from fedrisk.aggregators.base import InMemoryReplies, Replies
+from fedrisk.algorithms.base import Algorithm, LocalData, RoundContext, RoundPlan
+from fedrisk.errors import FedriskError, check_range
+from fedrisk.rng import client_generator
+from fedrisk.runtime.executor import ClientFailure, Executor, RoundOutput, check_reply
+from fedrisk.tree import Tree, tree_map, tree_nbytes, tree_stack
+
+__all__ = ["DATA_COPIES", "PARAM_COPIES", "StackedReplies", "VectorizedExecutor"]
+
+PARAM_COPIES = 8
+"""Copies of (payload + state) one client holds under vmap, in the block-size estimate."""
+
+DATA_COPIES = 2
+"""Copies of a client's padded data rows, in the block-size estimate."""
+
+_TENSOR = object()  # marks a tensor position in a flattened tree whose other leaves are constants
+
+
+# --------------------------------------------------------------------------------------------
+# replies kept stacked
+# --------------------------------------------------------------------------------------------
+
+
+class StackedReplies(Replies):
+    """Replies held as stacked tensors ``[M, ...]`` (row ``i`` is client ``clients[i]``).
+
+    ``sum`` / ``mean`` are one (weighted) reduction over the client dimension per leaf;
+    ``stacked`` returns the stacked tree without copying; ``gather`` / ``as_dict`` index it.
+
+    Example:
+        >>> import torch
+        >>> r = StackedReplies([3, 5], {"p": torch.tensor([[1.0], [3.0]])})
+        >>> r.sum("p").tolist(), r.mean("p", {3: 3.0, 5: 1.0}).tolist(), r.gather("p")[1].tolist()
+        ([4.0], [1.5], [3.0])
+        >>> r.nbytes()
+        {3: 4, 5: 4}
+    """
+
+    def __init__(self, clients: Sequence[int], stacked: Mapping[str, Tree]) -> None:
+        self.clients = [int(k) for k in clients]
+        if self.clients != sorted(set(self.clients)):
+            raise ValueError("StackedReplies: clients must be sorted and distinct")
+        self._stacked = dict(stacked)
+        m = len(self.clients)
+        for key, tree in self._stacked.items():
+            for leaf in pytree.tree_leaves(tree):
+                if not isinstance(leaf, Tensor) or leaf.dim() == 0 or leaf.shape[0] != m:
+                    raise ValueError(f"StackedReplies: every leaf of {key!r} must be a tensor [{m}, ...]")
+
+    def sum(self, key: str, weights: Mapping[int, float] | None = None) -> Tree:
+        if not self.clients:
+            raise ValueError("no replies to aggregate")
+        tree = self._stacked[key]
+        if weights is None:
+            return tree_map(lambda x: x.sum(0), tree)
+        w = [float(weights[k]) for k in self.clients]
+
+        def weighted(x: Tensor) -> Tensor:
+            # the dtype of ``python_float * x`` (what the sequential InMemoryReplies computes)
+            dtype = torch.result_type(x, 1.0)
+            wt = torch.tensor(w, dtype=dtype, device=x.device)
+            return torch.tensordot(wt, x.to(dtype), dims=1)
+
+        return tree_map(weighted, tree)
+
+    def gather(self, key: str) -> list[Tree]:
+        return _unstack(self._stacked[key], len(self.clients))
+
+    def stacked(self, key: str) -> Tree:
+        return self._stacked[key]
+
+    def nbytes(self) -> dict[int, int]:
+        m = len(self.clients)
+        per = sum(x.numel() // m * x.element_size() for x in pytree.tree_leaves(self._stacked)) if m else 0
+        return {k: per for k in self.clients}
+
+    def as_dict(self) -> dict[int, dict[str, Any]]:
+        per_key = {key: _unstack(tree, len(self.clients)) for key, tree in self._stacked.items()}
+        return {k: {key: rows[i] for key, rows in per_key.items()} for i, k in enumerate(self.clients)}
+
+
+def _unstack(tree: Tree, n: int, copy: bool = False) -> list[Tree]:
+    """Split a tree of ``[n, ...]`` tensors into ``n`` trees (one ``unbind`` per leaf).
+
+    ``copy=True`` clones every row, so that a kept row does not hold the stacked tensor alive.
+    """
+    if type(tree) is dict and all(isinstance(v, Tensor) for v in tree.values()):  # fast path
+        if not tree:
+            return [{} for _ in range(n)]
+        keys = list(tree)
+        cols = [[r.clone() for r in v.unbind(0)] if copy else v.unbind(0) for v in tree.values()]
+        return [dict(zip(keys, row)) for row in zip(*cols)]
+    leaves, spec = pytree.tree_flatten(tree)
+    rows = [
+        [r.clone() for r in x.unbind(0)] if copy else list(x.unbind(0)) if isinstance(x, Tensor) else [x] * n
+        for x in leaves
+    ]
+    return [pytree.tree_unflatten([r[i] for r in rows], spec) for i in range(n)]
+
+
+# --------------------------------------------------------------------------------------------
+# the clients' data, concatenated once
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _ClientStore:
+    """Every client's rows concatenated (``x``, ``y``, ``attrs``), with one zero row at the end
+    that padding points to; ``offsets[k]`` / ``sizes[k]`` locate client ``k``."""
+
+    x: Tensor
+    y: Tensor
+    attrs: dict[str, Tensor]
+    offsets: list[int]
+    sizes: list[int]
+    offsets_t: Tensor
+    sizes_t: Tensor
+    row_bytes: int
+
+    @classmethod
+    def build(cls, data: Sequence[LocalData]) -> _ClientStore:
+        if not data:
+            raise FedriskError("executor 'vectorized' needs at least one client")
+        first = data[0]
+        keys = sorted(first.attrs)
+        for k, d in enumerate(data):
+            if sorted(d.attrs) != keys:
+                raise FedriskError(
+                    f"executor 'vectorized' stacks the clients' data: client {k} has attributes "
+                    f"{sorted(d.attrs)} but client 0 has {keys}; give every client the same attributes "
+                    "or use executor='sequential'"
+                )
+            for name, a, b in [("x", d.x, first.x), ("y", d.y, first.y)] + [
+                (f"attrs[{n!r}]", d.attrs[n], first.attrs[n]) for n in keys
+            ]:
+                if a.shape[1:] != b.shape[1:] or a.dtype != b.dtype or a.device != b.device:
+                    raise FedriskError(
+                        f"executor 'vectorized' stacks the clients' data: client {k}'s {name} has rows of "
+                        f"shape {tuple(a.shape[1:])} ({a.dtype}, {a.device}) but client 0's has "
+                        f"{tuple(b.shape[1:])} ({b.dtype}, {b.device}); make them equal or use "
+                        "executor='sequential'"
+                    )
+        sizes = [int(d.size) for d in data]
+        offsets, total = [], 0
+        for n in sizes:
+            offsets.append(total)
+            total += n
+
+        def concat(parts: list[Tensor]) -> Tensor:
+            pad = torch.zeros((1, *parts[0].shape[1:]), dtype=parts[0].dtype, device=parts[0].device)
+            return torch.cat([p[:n] for p, n in zip(parts, sizes)] + [pad])
+
+        x = concat([d.x for d in data])
+        y = concat([d.y for d in data])
+        attrs = {n: concat([d.attrs[n] for d in data]) for n in keys}
+        row_bytes = sum(t[0].numel() * t.element_size() for t in [x, y, *attrs.values()])
+        device = x.device
+        return cls(
+            x,
+            y,
+            attrs,
+            offsets,
+            sizes,
+            torch.tensor(offsets, dtype=torch.long, device=device),
+            torch.tensor(sizes, dtype=torch.long, device=device),
+            row_bytes,
+        )
+
+    @property
+    def pad_row(self) -> int:
+        return self.x.shape[0] - 1
+
+    def block(self, clients: Sequence[int]) -> list[Tensor]:
+        """The flat leaves ``[x, y, size, *attrs]`` of ``clients``' data, stacked ``[C, n_max, ...]``.
+
+        Equal-sized clients stored next to each other (an IID split taken in order) are a
+        view of the store; otherwise the rows are gathered by index, padding pointing to the
+        zero row.
+        """
+        c = len(clients)
+        sizes = [self.sizes[k] for k in clients]
+        n = max(sizes)
+        start = self.offsets[clients[0]]
+        if all(s == n for s in sizes) and all(self.offsets[k] == start + i * n for i, k in enumerate(clients)):
+
+            def take(t: Tensor) -> Tensor:
+                return t[start : start + c * n].reshape(c, n, *t.shape[1:])
+
+            size = torch.full((c,), n, dtype=torch.long, device=self.sizes_t.device)
+        else:
+            ids = torch.tensor(list(clients), dtype=torch.long, device=self.offsets_t.device)
+            ar = torch.arange(n, device=ids.device)
+            size = self.sizes_t[ids]
+            idx = torch.where(ar < size[:, None], self.offsets_t[ids][:, None] + ar, self.pad_row)
+
+            def take(t: Tensor) -> Tensor:
+                return t[idx]
+
+        return [take(self.x), take(self.y), size, *(take(a) for a in self.attrs.values())]
+
+    def local_data(self, leaves: Sequence[Tensor]) -> LocalData:
+        """Rebuild one client's :class:`LocalData` from the (per-client) leaves of :meth:`block`."""
+        x, y, size, *attrs = leaves
+        return LocalData(x, y, size, dict(zip(self.attrs, attrs)))
+
+
+# --------------------------------------------------------------------------------------------
+# the executor
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Chunk:
+    """The results of some clients of one round (a vmapped group or a sequential fallback)."""
+
+    clients: list[int]
+    replies: list[dict[str, Any]] | None  # per client, when not stacked
+    stacked: dict[str, Any] | None  # replies stacked [C, ...], when stacked
+    states: list[Tree]
+    metrics: list[dict[str, Tensor]]
+    failures: dict[int, str] = field(default_factory=dict)  # dropped by the sequential fallback
+
+
+class VectorizedExecutor(Executor):
+    """Runs blocks of clients with ``torch.func.vmap`` (see the module docstring).
+
+    Args:
+        block_size: clients per vmapped block; None chooses it from ``memory_budget_mb``.
+        memory_budget_mb: the memory a block may use, in MiB (used when ``block_size`` is None).
+
+    Example:
+        >>> VectorizedExecutor(block_size=64).block_size
+        64
+        >>> VectorizedExecutor(block_size=0)
+        Traceback (most recent call last):
+        ...
+        fedrisk.errors.FedriskError: block_size = 0 is out of range; allowed: [1, inf)
+    """
+
+    name = "vectorized"
+
+    def __init__(self, block_size: int | None = None, memory_budget_mb: float = 1024.0) -> None:
+        if block_size is not None:
+            if isinstance(block_size, bool) or not isinstance(block_size, int):
+                raise FedriskError(f"block_size must be a positive integer or None (automatic); got {block_size!r}")
+            check_range("block_size", block_size, 1)
+        check_range("memory_budget_mb", memory_budget_mb, 0.0, None, low_inclusive=False)
+        self.block_size = block_size
+        self.memory_budget_mb = float(memory_budget_mb)
+        self._store: _ClientStore | None = None
+        self._data_ref: Sequence[LocalData] | None = None
+
+    # -- set-up -----------------------------------------------------------------------------
+    def prepare(self, algorithm: Algorithm, data: Sequence[LocalData]) -> None:
+        """Check that ``algorithm`` can be vectorised and concatenate the clients' data once."""
+        check_vectorizable(algorithm)
+        self._store = _ClientStore.build(data)
+        self._data_ref = data
+
+    def _store_for(self, algorithm: Algorithm, data: Sequence[LocalData]) -> _ClientStore:
+        if self._store is None or self._data_ref is not data:
+            self.prepare(algorithm, data)
+        assert self._store is not None
+        return self._store
+
+    # -- block size -------------------------------------------------------------------------
+    def bytes_per_client(self, plan: RoundPlan, states: Mapping[int, Tree], data: Sequence[LocalData]) -> int:
+        """The estimated bytes one client of ``plan`` needs inside a vmapped block.
+
+        ``PARAM_COPIES * (payload + state) + DATA_COPIES * n_max * row_bytes`` with the payload
+        and state of the round's first client and ``n_max`` the largest participating client.
+        """
+        if not plan.clients:
+            return 1
+        k0 = plan.clients[0]
+        model = tree_nbytes(plan.payload(k0)) + tree_nbytes(states[k0])
+        n_max = max(int(data[k].size) for k in plan.clients)
+        store = self._store
+        row = store.row_bytes if store is not None else 0
+        return max(1, PARAM_COPIES * model + DATA_COPIES * n_max * row)
+
+    def block_size_for(self, plan: RoundPlan, states: Mapping[int, Tree], data: Sequence[LocalData]) -> int:
+        """The block size used for ``plan``: ``block_size`` if given, else
+        ``clamp(memory_budget / bytes_per_client, 1, len(plan.clients))``."""
+        m = max(1, len(plan.clients))
+        if self.block_size is not None:
+            return min(self.block_size, m)
+        budget = self.memory_budget_mb * 2**20
+        return max(1, min(m, int(budget // self.bytes_per_client(plan, states, data))))
+
+    # -- one round --------------------------------------------------------------------------
+    def run_round(
+        self,
+        algorithm: Algorithm,
+        ctx: RoundContext,
+        plan: RoundPlan,
+        states: Mapping[int, Tree],
+        data: Sequence[LocalData],
+        seed: int,
+        on_failure: str = "raise",
+    ) -> RoundOutput:
+        store = self._store_for(algorithm, data)
+        size = self.block_size_for(plan, states, data)
+        chunks: list[_Chunk] = []
+        failed: dict[int, str] = {}
+        clients = plan.clients
+        for start in range(0, len(clients), size):
+            block = clients[start : start + size]
+            self._run_block(algorithm, ctx, plan, states, data, store, seed, on_failure, block, chunks, failed)
+        done = sorted(k for c in chunks for k in c.clients)
+        if not done:
+            raise ClientFailure(f"every client failed in round {ctx.round}: {failed}")
+        new_states: dict[int, Tree] = {}
+        metrics: dict[int, dict[str, Tensor]] = {}
+        for c in chunks:
+            new_states.update(zip(c.clients, c.states))
+            metrics.update(zip(c.clients, c.metrics))
+        return RoundOutput(
+            _assemble_replies(chunks),
+            {k: new_states[k] for k in done},
+            {k: metrics[k] for k in done},
+            {k: failed[k] for k in sorted(failed)},
+        )
+
+    def _run_block(
+        self,
+        algorithm: Algorithm,
+        ctx: RoundContext,
+        plan: RoundPlan,
+        states: Mapping[int, Tree],
+        data: Sequence[LocalData],
+        store: _ClientStore,
+        seed: int,
+        on_failure: str,
+        block: list[int],
+        chunks: list[_Chunk],
+        failed: dict[int, str],
+    ) -> None:
+        # 1. draws, client by client, exactly as the sequential executor
+        draws: dict[int, Tree] = {}
+        for k in block:
+            gen = client_generator(seed, ctx.round, k)
+            try:
+                draws[k] = algorithm.draw(ctx, k, store.sizes[k], gen)
+            except FedriskError:
+                raise
+            except Exception as exc:
+                if on_failure == "raise":
+                    raise ClientFailure(f"client {k} failed in round {ctx.round}: {exc!r}") from exc
+                failed[k] = repr(exc)
+        # 2. group the clients whose (per-client payload, state, draws) trees stack together
+        groups: dict[Any, tuple[list[int], list[list[Any]], Any]] = {}
+        for k in block:
+            if k not in draws:
+                continue
+            own = plan.per_client[k] if plan.per_client is not None else {}
+            tree = (dict(own), states[k], draws[k])
+            leaves: list[Any] = []
+            structure: list[Any] = []
+            if _fast_flatten(tree, leaves, structure):  # dicts / lists / tuples of tensors
+                key: Any = ("fast", tuple(structure))
+                spec = None
+            else:  # anything else: torch's pytree, constants compared by value
+                leaves, spec = pytree.tree_flatten(tree)
+                key = ("pytree", _signature(spec, leaves))
+            if key not in groups:
+                groups[key] = ([], [], spec if spec is not None else pytree.tree_flatten(tree)[1])
+            groups[key][0].append(k)
+            groups[key][1].append(leaves)
+        # 3. one vmap per group
+        for members, rows, spec in groups.values():
+            chunk = self._run_group(algorithm, ctx, plan, states, data, store, on_failure, members, rows, spec, draws)
+            chunks.append(_check_chunk(chunk, ctx, on_failure, failed))
+
+    def _run_group(
+        self,
+        algorithm: Algorithm,
+        ctx: RoundContext,
+        plan: RoundPlan,
+        states: Mapping[int, Tree],
+        data: Sequence[LocalData],
+        store: _ClientStore,
+        on_failure: str,
+        members: list[int],
+        rows: list[list[Any]],
+        spec: Any,
+        draws: Mapping[int, Tree],
+    ) -> _Chunk:
+        first = rows[0]
+        template = [_TENSOR if isinstance(x, Tensor) else x for x in first]
+        positions = [i for i, x in enumerate(first) if isinstance(x, Tensor)]
+        batched = [torch.stack([r[i] for r in rows]) for i in positions]
+        data_leaves = store.block(members)
+        broadcast = dict(plan.broadcast)
+        out_meta: dict[str, Any] = {}
+
+        def one_client(own_leaves: list[Tensor], local: list[Tensor]) -> list[Tensor]:
+            it = iter(own_leaves)
+            own, state, client_draws = pytree.tree_unflatten([next(it) if t is _TENSOR else t for t in template], spec)
+            result = algorithm.client_update(ctx, {**broadcast, **own}, state, store.local_data(local), client_draws)
+            reply, new_state, metrics = result
+            return _flatten_outputs(algorithm, (reply, new_state, metrics), out_meta)
+
+        try:
+            outs = vmap(one_client, in_dims=(0, 0))(batched, data_leaves)
+        except FedriskError:
+            raise
+        except Exception as exc:  # a client failure, or an algorithm that does not vectorise
+            return _run_sequentially(algorithm, ctx, plan, states, data, on_failure, members, draws, exc)
+        c = len(members)
+        reply_t, state_t, metric_t = _split_outputs(outs, out_meta)
+        return _Chunk(
+            clients=list(members),
+            replies=None,
+            stacked=reply_t,
+            states=_unstack(state_t, c, copy=True),
+            metrics=_unstack(metric_t, c),
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+
+def check_vectorizable(algorithm: Algorithm) -> None:
+    """Raise a :class:`FedriskError` naming the reason when ``algorithm`` cannot be vmapped."""
+    if not getattr(algorithm, "vectorizable", True):
+        reason = getattr(algorithm, "not_vectorizable_reason", "") or "no reason given"
+        raise FedriskError(
+            f"algorithm {algorithm.name!r} cannot run under executor='vectorized': {reason}. "
+            "Use executor='sequential' (or 'distributed')"
+        )
+
+
+def _fast_flatten(tree: Any, leaves: list[Any], structure: list[Any]) -> bool:
+    """Flatten nested dicts / lists / tuples of tensors in torch pytree's leaf order.
+
+    Appends the tensors to ``leaves`` and a hashable description of the structure and of the
+    leaves' shapes / dtypes / devices to ``structure``.  Returns False (the caller then uses
+    :mod:`torch.utils._pytree`) for any other node or leaf type.  This is the per-client hot
+    path of a round, several times cheaper than ``pytree.tree_flatten`` plus a spec hash.
+    """
+    t = type(tree)
+    if t is dict:
+        structure.append(("dict", tuple(tree)))
+        return all(_fast_flatten(v, leaves, structure) for v in tree.values())
+    if t is list or t is tuple:
+        structure.append((t, len(tree)))
+        return all(_fast_flatten(v, leaves, structure) for v in tree)
+    if tree is None:
+        structure.append(None)
+        return True
+    if isinstance(tree, Tensor):
+        leaves.append(tree)
+        structure.append((tree.shape, tree.dtype, tree.device))
+        return True
+    return False
+
+
+def _signature(spec: Any, leaves: Sequence[Any]) -> Any:
+    """A hashable key: tree structure, tensor shapes / dtypes / devices and constant leaves."""
+    sig: list[Any] = [spec]
+    for x in leaves:
+        if isinstance(x, Tensor):
+            sig.append((tuple(x.shape), x.dtype, x.device))
+        else:
+            try:
+                hash(x)
+                sig.append(("const", type(x), x))
+            except TypeError:
+                sig.append(("object", id(x)))
+    return tuple(sig)
+
+
+def _flatten_outputs(algorithm: Algorithm, result: tuple[Tree, Tree, Tree], meta: dict[str, Any]) -> list[Tensor]:
+    """Flatten (reply, state, metrics) into tensors; record specs and constant leaves in ``meta``."""
+    tensors: list[Tensor] = []
+    for part, tree in zip(("reply", "state", "metrics"), result):
+        leaves, spec = pytree.tree_flatten(tree)
+        if part == "reply":
+            for path, leaf in pytree.tree_flatten_with_path(tree)[0]:
+                if not isinstance(leaf, Tensor):
+                    where = "reply" + pytree.keystr(path)
+                    raise FedriskError(
+                        f"algorithm {algorithm.name!r}: {where} is a {type(leaf).__name__} ({leaf!r}); the "
+                        "vectorised executor stacks and reduces replies and needs tensor leaves - return "
+                        "torch.tensor(...) instead, or use executor='sequential'"
+                    )
+        meta[part] = (spec, [_TENSOR if isinstance(x, Tensor) else x for x in leaves])
+        tensors.extend(x for x in leaves if isinstance(x, Tensor))
+    return tensors
+
+
+def _split_outputs(outs: Sequence[Tensor], meta: Mapping[str, Any]) -> tuple[Tree, Tree, Tree]:
+    """Rebuild the stacked (reply, state, metrics) trees from vmap's flat outputs."""
+    it = iter(outs)
+    trees = []
+    for part in ("reply", "state", "metrics"):
+        spec, template = meta[part]
+        trees.append(pytree.tree_unflatten([next(it) if t is _TENSOR else t for t in template], spec))
+    return trees[0], trees[1], trees[2]
+
+
+def _run_sequentially(
+    algorithm: Algorithm,
+    ctx: RoundContext,
+    plan: RoundPlan,
+    states: Mapping[int, Tree],
+    data: Sequence[LocalData],
+    on_failure: str,
+    members: list[int],
+    draws: Mapping[int, Tree],
+    vmap_error: Exception,
+) -> _Chunk:
+    """Re-run a group whose vmap raised, client by client (as the sequential executor does)."""
+    chunk = _Chunk([], [], None, [], [])
+    failures: dict[int, str] = {}
+    for k in members:
+        try:
+            reply, state, metrics = algorithm.client_update(ctx, plan.payload(k), states[k], data[k], draws[k])
+        except FedriskError:
+            raise
+        except Exception as exc:
+            if on_failure == "raise":
+                raise ClientFailure(
+                    f"client {k} failed in round {ctx.round}: {exc!r} (found by re-running the vectorised "
+                    f"block of clients {members} one by one)"
+                ) from exc
+            failures[k] = repr(exc)
+            continue
+        chunk.clients.append(k)
+        assert chunk.replies is not None
+        chunk.replies.append(reply)
+        chunk.states.append(state)
+        chunk.metrics.append(metrics)
+    if not failures:
+        raise FedriskError(
+            f"algorithm {algorithm.name!r}: client_update fails under torch.func.vmap ({vmap_error!r}) although "
+            "it runs client by client, so it cannot use executor='vectorized'. Its client_update must not call "
+            ".item()/float() on tensors, branch in Python on tensor values or draw random numbers (see "
+            "fedrisk.runtime.vectorized); fix it, or set vectorizable = False with a not_vectorizable_reason "
+            "and use executor='sequential'"
+        ) from vmap_error
+    chunk.failures = failures
+    return chunk
+
+
+def _check_chunk(chunk: _Chunk, ctx: RoundContext, on_failure: str, failed: dict[int, str]) -> _Chunk:
+    """Apply the NaN/inf policy to a chunk's replies; return the chunk without failed clients."""
+    failed.update(chunk.failures)
+    if chunk.stacked is None:  # replies one by one (sequential fallback)
+        assert chunk.replies is not None
+        keep = []
+        for i, (k, reply) in enumerate(zip(chunk.clients, chunk.replies)):
+            reason = check_reply(k, ctx.round, reply, on_failure)
+            if reason:
+                failed[k] = reason
+            else:
+                keep.append(i)
+        return _select(chunk, keep)
+    c = len(chunk.clients)
+    ok: Tensor | None = None
+    for leaf in pytree.tree_leaves(chunk.stacked):
+        if leaf.is_floating_point() and leaf.numel():
+            fin = torch.isfinite(leaf.reshape(c, -1)).all(1)
+            ok = fin if ok is None else ok & fin
+    if ok is None or bool(ok.all()):
+        return chunk
+    bad = set((~ok).nonzero().flatten().tolist())
+    replies = _unstack(chunk.stacked, c)
+    for i in sorted(bad):
+        k = chunk.clients[i]
+        failed[k] = check_reply(k, ctx.round, replies[i], on_failure) or "non-finite reply"
+    return _select(chunk, [i for i in range(c) if i not in bad])
+
+
+def _select(chunk: _Chunk, keep: list[int]) -> _Chunk:
+    """The chunk restricted to positions ``keep``."""
+    if len(keep) == len(chunk.clients):
+        return chunk
+    stacked = None
+    if chunk.stacked is not None:
+        index = torch.tensor(keep, dtype=torch.long)
+        stacked = tree_map(lambda x: x[index.to(x.device)], chunk.stacked)
+    replies = None if chunk.replies is None else [chunk.replies[i] for i in keep]
+    return _Chunk(
+        [chunk.clients[i] for i in keep],
+        replies,
+        stacked,
+        [chunk.states[i] for i in keep],
+        [chunk.metrics[i] for i in keep],
+    )
+
+
+def _assemble_replies(chunks: Sequence[_Chunk]) -> Replies:
+    """One :class:`StackedReplies` when every chunk's replies stack together, else in memory."""
+    chunks = [c for c in chunks if c.clients]
+    stacked: list[Any] = []
+    for c in chunks:
+        if c.stacked is not None:
+            stacked.append(c.stacked)
+            continue
+        try:  # a sequential fallback chunk: stack its replies if they have one structure
+            stacked.append(tree_stack(c.replies or []))
+        except Exception:
+            stacked.append(None)
+    if all(s is not None for s in stacked):
+        specs = [pytree.tree_flatten(s) for s in stacked]
+        first_leaves, first_spec = specs[0]
+        same = all(
+            spec == first_spec
+            and all(a.shape[1:] == b.shape[1:] and a.dtype == b.dtype for a, b in zip(leaves, first_leaves))
+            for leaves, spec in specs
+        )
+        if same:
+            clients = [k for c in chunks for k in c.clients]
+            if len(chunks) == 1:
+                return StackedReplies(clients, stacked[0])
+            cols = [torch.cat(col) for col in zip(*(leaves for leaves, _ in specs))]
+            if clients != sorted(clients):
+                order = sorted(range(len(clients)), key=clients.__getitem__)
+                index = torch.tensor(order, dtype=torch.long)
+                cols = [x[index.to(x.device)] for x in cols]
+                clients = sorted(clients)
+            return StackedReplies(clients, pytree.tree_unflatten(cols, first_spec))
+    replies: dict[int, dict[str, Any]] = {}
+    for c, s in zip(chunks, stacked):
+        rows = c.replies if c.replies is not None else _unstack(s, len(c.clients))
+        replies.update(zip(c.clients, rows))
+    return InMemoryReplies(replies)
