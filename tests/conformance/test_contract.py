@@ -12,14 +12,15 @@ from __future__ import annotations
 import io
 import math
 import statistics
+import sys
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
-from toy_algorithms import ControlCounter, D, Faulty, Kinds, NegativeMean, Robust, ScorePool, Shuffle, Silent
 
 from fedrisk.aggregators.base import InMemoryReplies
 from fedrisk.algorithms.base import Algorithm, LocalData, RoundContext, RoundPlan, sample_clients
@@ -31,6 +32,21 @@ from fedrisk.runtime import EXECUTORS, ClientFailure
 from fedrisk.runtime.executor import Executor, RoundOutput, check_reply
 from fedrisk.runtime.simulation import RoundReport, Simulation
 from fedrisk.tree import Tree
+
+# the toys live next to this file; pytest runs with --import-mode=importlib (no sys.path change)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from toy_algorithms import (
+    ControlCounter,
+    D,
+    Faulty,
+    Kinds,
+    NegativeMean,
+    Robust,
+    ScorePool,
+    Shuffle,
+    Silent,
+)
 
 SEED = 11
 SIZES = (3, 4, 5, 6, 7)

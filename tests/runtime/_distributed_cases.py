@@ -7,18 +7,24 @@ the per-round reports) that :func:`assert_same` compares.
 
 Cases:
 
-* ``alg/<name>`` — every algorithm of ``fedrisk.algorithms.ALGORITHMS`` that can be built from
-  a model and a loss (their other hyper-parameters keep their defaults except a few small
-  ones), float64, 3 rounds; ``alg/<name>/partial`` with ``clients_per_round = 3`` where the
-  algorithm has that field (ranks with no client in a round contribute zeros to sums).
-  An algorithm whose ``check`` refuses the 7-client federation runs on the pooled one-client
-  federation (``centralized``): the distributed executor must refuse it (world size > clients).
-* ``toy/shuffle`` — :class:`Shuffle` below: per-client payloads drawn by a server-side
-  permutation (PERM's shuffle), persistent tensor client states, a gather-kind median in
-  "robust" rounds chosen from the server state, an integer reply leaf, partial participation.
-* ``toy/shuffle-skip`` — the same with client 1 replying NaN in round 1 under
-  ``on_client_failure="skip"``.
-* ``toy/shuffle-raise`` — the same under ``on_client_failure="raise"``: the run stops.
+* ``alg/<name>`` — every algorithm of ``fedrisk.algorithms.ALGORITHMS``, built through the
+  experiment layer (:func:`fedrisk.experiment.config.resolve_config` +
+  :func:`fedrisk.experiment.runner.build_simulation`, so that each gets the model and objective
+  a config would give it) on scikit-learn's wine data, 7 clients, an MLP with 8 hidden units,
+  float64, 3 rounds, small step counts; a binarised wine (with one model output if needed)
+  when the algorithm refuses 3 classes (AUC algorithms), one pooled client when it refuses
+  several (centralised training: the distributed executor must then refuse the world size).
+  ``alg/<name>/partial`` adds ``clients_per_round = 3`` where the algorithm has that
+  hyper-parameter (and runs on several clients).
+* ``toy/<name>`` — the contract toys of ``tests/conformance/toy_algorithms.py`` (persistent
+  client state with partial participation, per-client payloads, a server pool gathered from
+  replies, a median aggregator with and without an omniscient attack, round kinds, no
+  communication, and client / server failures under both failure policies).
+* ``own/shuffle`` — :class:`Shuffle` below: per-client payloads drawn by a server-side
+  permutation (PERM's shuffle), tensor client states, a gather-kind median in rounds chosen
+  from the server state, an integer reply leaf summed, 2 clients per round (so that some rank
+  has no client in a round and contributes zeros to the sums); ``own/shuffle-skip`` /
+  ``own/shuffle-raise``: client 1 replies NaN in round 1 (skipped / stopping the run).
 * ``fedavg/attack`` — FedAvg with an omniscient attack (:class:`NegatedMean`, reads
   ``Replies.as_dict``) on clients 0 and 4.
 * ``fedavg/float32`` — FedAvg in float32 (compared to 1e-5 relative).
@@ -30,8 +36,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -48,39 +56,82 @@ from fedrisk.data.federation import Federation, Samples
 from fedrisk.errors import FedriskError
 from fedrisk.models import FunctionalModel, build_model
 from fedrisk.objectives.supervised import cross_entropy
+from fedrisk.runtime.evaluation import predict
 from fedrisk.runtime.executor import Executor
-from fedrisk.runtime.simulation import Simulation, fed_info
+from fedrisk.runtime.simulation import Simulation
 from fedrisk.tree import Tree, tensor_leaves, tree_map
 
 NUM_CLIENTS = 7
 FEATURES = 4
 CLASSES = 3
-METRICS = ("accuracy", "worst_class_accuracy")
+SEED = 7
+
+Built = tuple[Algorithm, Federation, dict[str, Any]]
 
 
-def federation(num_clients: int = NUM_CLIENTS, poison_client: int | None = None) -> Federation:
-    """Clients of 6..12 rows (unequal sizes), 3 classes, per-client test splits, a test set.
+def federation(num_clients: int = NUM_CLIENTS, poison_client: int | None = None, classes: int = CLASSES) -> Federation:
+    """Clients of 6..12 rows (unequal sizes), Gaussian classes, per-client test splits, a test set.
 
     ``attrs["poison"]`` is NaN on every row of ``poison_client`` and 1 elsewhere.
     """
     g = torch.Generator().manual_seed(1234)
-    centers = torch.randn(CLASSES, FEATURES, generator=g, dtype=torch.float64) * 2
+    centers = torch.randn(classes, FEATURES, generator=g, dtype=torch.float64) * 2
 
     def samples(n: int, poison: bool = False) -> Samples:
-        y = torch.randint(0, CLASSES, (n,), generator=g)
+        y = torch.arange(n) % classes  # every class on every client
         x = centers[y] + torch.randn(n, FEATURES, generator=g, dtype=torch.float64)
         return Samples(x, y, {"poison": torch.full((n,), math.nan if poison else 1.0, dtype=torch.float64)})
 
     clients = [samples(6 + k % 7, k == poison_client) for k in range(num_clients)]
-    tests = [samples(5) for _ in range(num_clients)]
-    return Federation("gauss", clients, CLASSES, client_tests=tests, test=samples(40))
+    tests = [samples(6) for _ in range(num_clients)]
+    return Federation("gauss", clients, classes, client_tests=tests, test=samples(40))
 
 
-def model() -> FunctionalModel:
-    return FunctionalModel(build_model("mlp", (FEATURES,), CLASSES, hidden=(5,)))
+def model(features: int = FEATURES, outputs: int = CLASSES) -> FunctionalModel:
+    return FunctionalModel(build_model("mlp", (features,), outputs, hidden=(5,)))
 
 
-# -- a toy algorithm covering what FedAvg does not -----------------------------------------
+# -- every registered algorithm, built as a config would build it ---------------------------
+SMALL = {"lr": 0.05, "local_steps": 2, "batch_size": 4}
+
+
+def config_algorithm(name: str, partial: bool = False) -> Built:
+    """``name`` through the experiment layer on wine (multi-class, else binarised, else pooled)."""
+    from fedrisk.experiment.config import algorithm_fields, resolve_config
+    from fedrisk.experiment.runner import build_simulation
+
+    hyper = algorithm_fields(ALGORITHMS.get(name)).hyper
+    algorithm = {"name": name, **{k: v for k, v in SMALL.items() if k in hyper}}
+    if partial:
+        algorithm["clients_per_round"] = 3
+    # (data, model.num_outputs): multi-class; binarised with one output (AUC algorithms, which
+    # refuse several classes at check time and several outputs only when they run); binarised;
+    # pooled (centralised training).
+    attempts = [
+        ({"num_clients": NUM_CLIENTS}, "auto"),
+        ({"num_clients": NUM_CLIENTS, "binarize": {}}, 1),
+        ({"num_clients": NUM_CLIENTS, "binarize": {}}, "auto"),
+    ]
+    if not partial:
+        attempts += [({"num_clients": 1}, "auto"), ({"num_clients": 1, "binarize": {}}, "auto")]
+    errors = []
+    for data, outputs in attempts:
+        raw = {
+            "data": {"dataset": "wine", "client_test_fraction": 0.25, **data},
+            "model": {"name": "mlp", "hidden": [8], "num_outputs": outputs},
+            "algorithm": algorithm,
+            "run": {"dtype": "float64", "seed": SEED, "executor": "sequential"},
+        }
+        try:
+            sim = build_simulation(resolve_config(raw)).simulation
+        except FedriskError as exc:
+            errors.append(str(exc))
+            continue
+        return sim.algorithm, sim.federation, {}
+    raise FedriskError(f"cannot build {name} on wine: " + " | ".join(errors))
+
+
+# -- a toy algorithm of our own --------------------------------------------------------------
 def _median(replies: Replies, key: str) -> Tree:
     """Coordinate-wise median of the replies (a gather-kind aggregator)."""
     return tree_map(lambda x: x.median(dim=0).values, replies.stacked(key))
@@ -98,14 +149,15 @@ class Shuffle(Algorithm):
     lr: float = 0.1
     local_steps: int = 2
     batch_size: int = 4
-    clients_per_round: int = 5
+    clients_per_round: int = 2
 
     def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
         slots = torch.randn(ctx.fed.num_clients, 3, generator=gen).to(tensor_leaves(params)[0].dtype)
         return {"params": params, "slots": slots, "rounds": torch.zeros((), dtype=torch.int64)}
 
     def init_client(self, ctx: RoundContext, client: int, params: Tree) -> Tree:
-        return {"visits": torch.zeros((), dtype=torch.int64), "trace": torch.zeros(3, dtype=tensor_leaves(params)[0].dtype)}
+        dtype = tensor_leaves(params)[0].dtype
+        return {"visits": torch.zeros((), dtype=torch.int64), "trace": torch.zeros(3, dtype=dtype)}
 
     def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
         clients = sample_clients(gen, ctx.fed.num_clients, self.clients_per_round)
@@ -135,7 +187,7 @@ class Shuffle(Algorithm):
             params = _median(replies, "params")
         else:
             params = replies.mean("params", ctx.fed.size_weights(replies.clients))
-        count = replies.sum("ones")  # integer sum: the number of replies
+        count = replies.sum("ones")  # an integer sum: the number of replies
         assert count.dtype == torch.int64 and int(count) == len(replies.clients), count
         slots = server_state["slots"].clone()
         for k, slot in zip(replies.clients, replies.gather("slot")):
@@ -151,97 +203,91 @@ class NegatedMean(Attack):
 
     name = "negated_mean"
 
-    def apply(self, ctx: RoundContext, replies: Replies, byzantine, gen: torch.Generator) -> Replies:
+    def apply(self, ctx: RoundContext, replies: Replies, byzantine: Sequence[int], gen: torch.Generator) -> Replies:
         everyone = replies.as_dict()
         honest = InMemoryReplies({k: v for k, v in everyone.items() if k not in byzantine})
         bad = tree_map(lambda x: -x, honest.mean("params"))
         return InMemoryReplies({k: ({"params": bad} if k in byzantine else v) for k, v in everyone.items()})
 
 
-# -- cases ---------------------------------------------------------------------------------
+# -- the conformance suite's toys -------------------------------------------------------------
+def _toys() -> Any:
+    """``tests/conformance/toy_algorithms.py`` as a module (None when it is not there)."""
+    folder = Path(__file__).resolve().parents[1] / "conformance"
+    if not (folder / "toy_algorithms.py").exists():
+        return None
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    import toy_algorithms
+
+    return toy_algorithms
+
+
+def toy_federation(num_clients: int = NUM_CLIENTS, features: int = 3) -> Federation:
+    """Binary labels, ``features`` columns, sizes 3..9, a global test set (for the toys' ``x @ w``)."""
+    g = torch.Generator().manual_seed(5)
+    clients = []
+    for k in range(num_clients):
+        x = torch.randn(3 + k, features, generator=g, dtype=torch.float64) + 0.5 * k
+        clients.append(Samples(x, (torch.arange(3 + k) % 2)))
+    xt = torch.randn(16, features, generator=g, dtype=torch.float64)
+    return Federation("toys", clients, num_classes=2, test=Samples(xt, torch.arange(16) % 2))
+
+
+def _toy_cases() -> list[Case]:
+    T = _toys()
+    if T is None:
+        return [Case("toy/*", _unbuildable, skip="tests/conformance/toy_algorithms.py is not there")]
+    fed = toy_federation
+    skip = {"on_client_failure": "skip"}
+    return [
+        Case("toy/control_counter", lambda: (T.ControlCounter(per_round=3), fed(), {}), rounds=4),
+        Case("toy/shuffle", lambda: (T.Shuffle(), fed(), {}), rounds=3),
+        Case("toy/score_pool", lambda: (T.ScorePool(), fed(), {}), rounds=3),
+        Case("toy/robust", lambda: (T.Robust(aggregator="median"), fed(), {})),
+        Case("toy/robust+attack", lambda: (T.Robust(), fed(), {"attack": T.NegativeMean(), "byzantine": [0, 3]})),
+        Case("toy/kinds", lambda: (T.Kinds(), fed(), {}), rounds=4),
+        Case("toy/silent", lambda: (T.Silent(), fed(), {})),
+        Case("toy/faulty-nan-skip", lambda: (T.Faulty(mode="nan_reply", client=4), fed(), skip)),
+        Case("toy/faulty-update-skip", lambda: (T.Faulty(mode="raise_in_update", client=2), fed(), skip)),
+        Case("toy/faulty-draw-raise", lambda: (T.Faulty(mode="raise_in_draw", client=2), fed(), {})),
+        Case("toy/faulty-server-nan", lambda: (T.Faulty(mode="server_nan"), fed(), skip)),
+    ]
+
+
+# -- cases -----------------------------------------------------------------------------------
 @dataclass
 class Case:
     name: str
-    build: Callable[[], tuple[Algorithm, Federation, dict[str, Any]]]
+    build: Callable[[], Built]
     rounds: int = 3
     dtype: torch.dtype = torch.float64
     resume_at: int | None = None
     skip: str = ""
 
 
-def _unbuildable() -> tuple[Algorithm, Federation, dict[str, Any]]:
+def _unbuildable() -> Built:
     raise AssertionError("a skipped case is never built")
 
 
-SMALL = {"lr": 0.1, "local_steps": 2, "batch_size": 4}
-
-
-def generic_algorithm(name: str, **overrides: Any) -> Algorithm:
-    """``ALGORITHMS[name]`` with a small MLP and cross-entropy; FedriskError if it needs more."""
-    cls = ALGORITHMS.get(name)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {"model": model(), "loss": cross_entropy}
-    kwargs.update({k: v for k, v in {**SMALL, **overrides}.items() if k in fields})
-    kwargs = {k: v for k, v in kwargs.items() if k in fields}
-    missing = [
-        f.name
-        for f in fields.values()
-        if f.init
-        and f.name not in kwargs
-        and f.default is dataclasses.MISSING
-        and f.default_factory is dataclasses.MISSING
-    ]
-    if missing:
-        raise FedriskError(f"cannot build {name} generically: required fields {missing}")
-    return cls(**kwargs)
-
-
-def _needs_pooling(alg: Algorithm) -> bool:
-    """True when ``alg`` refuses the 7-client federation (centralised training wants one client)."""
-    try:
-        alg.check(fed_info(federation()))
-    except FedriskError:
-        return True
-    return False
-
-
-def _algorithm_case(name: str, partial: bool) -> Case:
-    def build() -> tuple[Algorithm, Federation, dict[str, Any]]:
-        alg = generic_algorithm(name, **({"clients_per_round": 3} if partial else {}))
-        fed = federation()
-        if _needs_pooling(alg):
-            fed = Federation(fed.name, [fed.pooled()], fed.num_classes, test=fed.test)
-        return alg, fed, {}
-
-    return Case(f"alg/{name}" + ("/partial" if partial else ""), build)
-
-
 def cases() -> list[Case]:
+    from fedrisk.experiment.config import algorithm_fields
+
     out: list[Case] = []
     for name in ALGORITHMS.names():
         try:
-            alg = generic_algorithm(name)
+            hyper = algorithm_fields(ALGORITHMS.get(name)).hyper
         except FedriskError as exc:
             out.append(Case(f"alg/{name}", _unbuildable, skip=str(exc)))
             continue
-        out.append(_algorithm_case(name, partial=False))
-        if "clients_per_round" in {f.name for f in dataclasses.fields(alg)} and not _needs_pooling(alg):
-            out.append(_algorithm_case(name, partial=True))
-    out.append(Case("toy/shuffle", lambda: (Shuffle(model()), federation(), {}), rounds=4))
-    out.append(
-        Case(
-            "toy/shuffle-skip",
-            lambda: (Shuffle(model(), clients_per_round=NUM_CLIENTS), federation(poison_client=1), {"on_client_failure": "skip"}),
-            rounds=3,
-        )
-    )
-    out.append(
-        Case(
-            "toy/shuffle-raise",  # every rank must raise, naming the client, instead of waiting forever
-            lambda: (Shuffle(model(), clients_per_round=NUM_CLIENTS), federation(poison_client=1), {}),
-            rounds=3,
-        )
-    )
+        out.append(Case(f"alg/{name}", lambda name=name: config_algorithm(name)))
+        if "clients_per_round" in hyper:
+            out.append(Case(f"alg/{name}/partial", lambda name=name: config_algorithm(name, partial=True)))
+    out.extend(_toy_cases())
+    poisoned = lambda **kw: (Shuffle(model(), clients_per_round=NUM_CLIENTS), federation(poison_client=1), kw)  # noqa: E731
+    out.append(Case("own/shuffle", lambda: (Shuffle(model()), federation(), {}), rounds=4))
+    out.append(Case("own/shuffle-skip", lambda: poisoned(on_client_failure="skip")))
+    out.append(Case("own/shuffle-raise", lambda: poisoned()))
     fedavg = lambda: FedAvg(model=model(), loss=cross_entropy, **SMALL)  # noqa: E731
     out.append(Case("fedavg/attack", lambda: (fedavg(), federation(), {"attack": NegatedMean(), "byzantine": [0, 4]})))
     out.append(Case("fedavg/float32", lambda: (fedavg(), federation(), {}), dtype=torch.float32))
@@ -258,29 +304,52 @@ class _Reports(Callback):
         self.rows.append(dataclasses.asdict(report))
 
 
+def metrics_for(sim: Simulation) -> tuple[str, ...]:
+    """AUROC for one-output scorers, accuracy (and worst-class accuracy) otherwise."""
+    alg = sim.algorithm
+    params = alg.global_params(sim.server_state)
+    if params is None:
+        params = alg.personal_params(sim.server_state, sim.client_states[0], 0)
+    if params is None:
+        return ()
+    out = predict(alg, params, sim.federation.clients[0].x[:2])
+    return ("auroc",) if out.reshape(2, -1).shape[1] == 1 else ("accuracy", "worst_class_accuracy")
+
+
+Checkpoint = Callable[[dict[str, Any]], dict[str, Any]]
+
+
 def run_case(
-    case: Case, executor: Callable[[], Executor | str], checkpoint: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    case: Case, executor: Callable[[], Executor | str], checkpoint: Checkpoint | None = None
 ) -> dict[str, Any]:
-    """Run ``case`` and summarise it.  ``checkpoint(state) -> state`` stands for writing the
-    checkpoint (rank 0) and reading it back (every rank) in a resumed run."""
-    alg, fed, kwargs = case.build()
-    reports = _Reports()
+    """Run ``case`` and summarise it; a FedriskError becomes ``{"error": message}``.
 
-    def new_sim() -> Simulation:
-        return Simulation(alg, fed, seed=7, executor=executor(), dtype=case.dtype, **kwargs)
+    ``checkpoint(state) -> state`` stands for writing the checkpoint (rank 0) and reading it back
+    (every rank) in a resumed run."""
+    try:
+        alg, fed, kwargs = case.build()
+        reports = _Reports()
 
-    sim = new_sim()
-    if case.resume_at is not None:
-        history = run_simulation(sim, case.resume_at, metrics=METRICS, callbacks=[reports])
-        state = sim.state_dict()
-        state = checkpoint(state) if checkpoint is not None else state
+        def new_sim() -> Simulation:
+            return Simulation(alg, fed, seed=SEED, executor=executor(), dtype=case.dtype, **kwargs)
+
         sim = new_sim()
-        sim.load_state_dict(state)
-        history = run_simulation(sim, case.rounds, metrics=METRICS, callbacks=[reports], history=history)
-    else:
-        history = run_simulation(sim, case.rounds, metrics=METRICS, callbacks=[reports])
+        metrics = metrics_for(sim)
+        if case.resume_at is not None:
+            history = run_simulation(sim, case.resume_at, metrics=metrics, callbacks=[reports])
+            state = sim.state_dict()
+            state = checkpoint(state) if checkpoint is not None else state
+            sim = new_sim()
+            sim.load_state_dict(state)
+            history = run_simulation(sim, case.rounds, metrics=metrics, callbacks=[reports], history=history)
+        else:
+            history = run_simulation(sim, case.rounds, metrics=metrics, callbacks=[reports])
+    except FedriskError as exc:
+        return {"error": str(exc)}
     records = [{k: v for k, v in r.items() if k != "wall_time"} for r in history.records]
     return {
+        "num_clients": fed.num_clients,
+        "metrics": list(metrics),
         "server_state": sim.server_state,
         "client_states": dict(sorted(sim.client_states.items())),
         "records": records,
@@ -290,6 +359,7 @@ def run_case(
 
 
 def tolerance(dtype: torch.dtype) -> dict[str, float]:
+    """float64: 1e-9 relative; float32: 1e-5 relative (absolute floors for values near 0)."""
     return {"rtol": 1e-9, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-6}
 
 
@@ -297,10 +367,12 @@ def assert_same(a: Any, b: Any, rtol: float, atol: float, path: str = "") -> Non
     """Tensors and floats equal to the tolerance, everything else exactly."""
     if isinstance(a, Tensor):
         assert isinstance(b, Tensor), f"{path}: {type(b)}"
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{path}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+        same = a.dtype == b.dtype and a.shape == b.shape
+        assert same, f"{path}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
         torch.testing.assert_close(a, b, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{path}: {m}")
     elif isinstance(a, float) and isinstance(b, float):
-        assert (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=rtol, abs_tol=atol), f"{path}: {a} vs {b}"
+        close = (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=rtol, abs_tol=atol)
+        assert close, f"{path}: {a} vs {b}"
     elif isinstance(a, Mapping):
         assert isinstance(b, Mapping) and list(a) == list(b), f"{path}: keys {list(a)} vs {list(b)}"
         for k in a:

@@ -5,8 +5,9 @@
 
 Runs every case of ``_distributed_cases.py`` with ``DistributedExecutor(local=LOCAL,
 check_replicas=True)`` in one process group and writes ``OUT_DIR/rank{r}.pt``: per case either
-the run's summary or ``{"error": message}`` for a FedriskError.  It also checks the world-size
-error (a federation with fewer clients than processes) under the case name ``"world_size_error"``.
+the run's summary or ``{"error": message}`` for a FedriskError.
+It also records what bad launches do (more processes than clients, ranks with different data,
+ranks with different seeds) and what the helpers offered to the experiment layer return.
 Every rank writes its own file so that the test can check that the ranks' states are identical.
 """
 
@@ -22,13 +23,13 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _distributed_cases as C  # noqa: E402
+import _distributed_cases as C
 
-from fedrisk.algorithms.fedavg import FedAvg  # noqa: E402
-from fedrisk.errors import FedriskError  # noqa: E402
-from fedrisk.objectives.supervised import cross_entropy  # noqa: E402
-from fedrisk.runtime.distributed import DistributedExecutor  # noqa: E402
-from fedrisk.runtime.simulation import Simulation  # noqa: E402
+from fedrisk.algorithms.fedavg import FedAvg
+from fedrisk.errors import FedriskError
+from fedrisk.objectives.supervised import cross_entropy
+from fedrisk.runtime.distributed import DistributedExecutor
+from fedrisk.runtime.simulation import Simulation
 
 
 def _error(fn: Any) -> dict[str, Any]:
@@ -58,10 +59,7 @@ def main(out_dir: str, local: str) -> None:
         if case.skip:
             continue
         start = time.perf_counter()
-        try:
-            results[case.name] = C.run_case(case, executor, checkpoint)
-        except FedriskError as exc:
-            results[case.name] = {"error": str(exc)}
+        results[case.name] = C.run_case(case, executor, checkpoint)  # {"error": ...} for a FedriskError
         timings[case.name] = time.perf_counter() - start
 
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -78,6 +76,19 @@ def main(out_dir: str, local: str) -> None:
     results["replica_mismatch"] = _error(
         lambda: Simulation(C.Shuffle(C.model()), C.federation(), seed=rank, executor=executor()).step()
     )
+
+    # the helpers offered to the experiment layer
+    helper = executor()
+
+    def refuse() -> None:
+        raise FedriskError(f"refused on rank {rank}")
+
+    results["helpers"] = {
+        "run_on_primary": helper.run_on_primary(lambda: f"computed on rank {rank}"),
+        "run_on_primary_error": _error(lambda: helper.run_on_primary(refuse)),
+        "any_rank_last": helper.any_rank(rank == world - 1),
+        "any_rank_none": helper.any_rank(False),
+    }
 
     results["_meta"] = {"rank": rank, "world_size": world, "local": local, "timings": timings}
     torch.save(results, out / f"rank{rank}.pt")

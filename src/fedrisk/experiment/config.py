@@ -29,8 +29,9 @@ Resolved ambiguities:
 * ``data.seed = "run"`` (the default) partitions with the run's seed, so repeating a run over
   seeds also varies the split; set an integer to hold the split fixed across seeds.
 * ``model.num_outputs = "auto"`` is 1 for regression, for one-output objectives
-  (``binary_cross_entropy*``, ``mse``) and for algorithms declaring ``scorer = True`` on a
-  binary task; otherwise the number of classes.
+  (``binary_cross_entropy*``, ``mse``) and for scorers on a binary task: algorithms declaring
+  ``scorer = True``, or (without that attribute) algorithms that define their own objective
+  (no ``loss`` field, e.g. the AUC min-max family); otherwise the number of classes.
 * ``objective.name = "auto"`` is ``mse`` for regression, ``binary_cross_entropy`` for one
   output, else ``cross_entropy``.  Algorithms without a ``loss`` field define their own
   objective through their hyper-parameters and reject ``[objective]``.
@@ -432,7 +433,11 @@ class ExperimentConfig:
 
     def run_values(self) -> dict[str, Any]:
         """The resolved values of one run (no ``[sweep]`` table)."""
-        return {k: v for k, v in self.values.items() if k != "sweep"}
+        out = {k: v for k, v in self.values.items() if k != "sweep"}
+        data = out.get("data")
+        if data is not None:  # absent optional tables stay absent (not "none")
+            out["data"] = {k: v for k, v in data.items() if not (f"data.{k}" in OPTIONAL_TABLES and v is None)}
+        return out
 
     def to_toml(self) -> str:
         """The resolved config of one run as TOML (``"none"`` for None)."""
@@ -511,6 +516,8 @@ def _import_plugins(modules: Any, source: Path | None) -> None:
 
 def _check_value(dotted: str, option: Option, value: Any) -> Any:
     if option.type == "table":
+        if option.default is None and value == NONE:
+            return None
         if not isinstance(value, Mapping):
             raise FedriskError(f"{dotted} = {format_value(value)} has the wrong type; allowed: a table")
         return dict(value)

@@ -143,12 +143,6 @@ class Progress(Callback):
             self._write("\n")
             self._drawn = False
 
-    def interrupt(self, message: str) -> None:
-        """End the bar's line and print ``message`` (used on SIGINT/SIGTERM)."""
-        self.close()
-        if self.mode != "none":
-            self._write(message + "\n")
-
     # -- timing -----------------------------------------------------------------------------
     def elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self._t0

@@ -66,14 +66,14 @@ SIGNAL_NAMES = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 class RunInterrupted(Exception):
     """A run stopped on SIGINT / SIGTERM after writing its checkpoint."""
 
-    def __init__(self, signum: int, round: int, path: Path) -> None:
+    def __init__(self, signum: int, round: int, run_dir: RunDir) -> None:
         self.signum = signum
         self.round = round
-        self.path = path
+        self.path = run_dir.path
         name = SIGNAL_NAMES.get(signum, f"signal {signum}")
         super().__init__(
-            f"{name} received: stopped after round {round}; checkpoint written to {path}. "
-            f"Continue with: fedrisk run <config> --out {path.parent} --resume"
+            f"{name} received: stopped after round {round}; checkpoint written to {run_dir.checkpoint}. "
+            f"Continue with: fedrisk run {run_dir.config} --out {run_dir.path} --resume"
         )
 
     @property
@@ -138,12 +138,15 @@ def build_simulation(cfg: ExperimentConfig, seed: int | None = None) -> Built:
 
     alg_cfg = cfg.section("algorithm")
     cls = ALGORITHMS.get(alg_cfg["name"])
+    if getattr(cls, "requires_pooled_data", False):
+        from fedrisk.algorithms.local_only import centralized
+
+        fed = centralized(fed)
     fields = algorithm_fields(cls)
     objective = cfg["objective.name"]
     num_outputs = cfg["model.num_outputs"]
     if num_outputs == AUTO:
-        one = regression or objective in ONE_OUTPUT_LOSSES or (getattr(cls, "scorer", False) and fed.num_classes == 2)
-        num_outputs = 1 if one else fed.num_classes
+        num_outputs = 1 if regression or objective in ONE_OUTPUT_LOSSES or wants_scorer(cls, fed.num_classes) else fed.num_classes
     if fields.loss is not None and objective == AUTO:
         objective = "mse" if regression else ("binary_cross_entropy" if num_outputs == 1 else "cross_entropy")
 
@@ -191,6 +194,19 @@ def build_simulation(cfg: ExperimentConfig, seed: int | None = None) -> Built:
         "federation": fed.name,
     }
     return Built(sim, resolved)
+
+
+def wants_scorer(cls: type, num_classes: int) -> bool:
+    """Whether algorithm ``cls`` trains a one-output scorer on a ``num_classes`` task.
+
+    An algorithm may say so with a class attribute ``scorer``; without one, an algorithm that
+    defines its own objective (no ``loss`` field, e.g. the AUC min-max family) on a binary task
+    is taken to want a scorer.
+    """
+    declared = getattr(cls, "scorer", None)
+    if declared is not None:
+        return bool(declared) and num_classes == 2
+    return algorithm_fields(cls).loss is None and num_classes == 2
 
 
 def build_aggregator(spec: str | Mapping[str, Any]) -> Any:
@@ -438,11 +454,10 @@ def run_experiment(
         cfg = cfg.with_overrides({"run.seed": seed, "run.seeds": []})
     rd = RunDir(out if out is not None else default_out_dir(cfg))
     check_out_dir(rd, resume=resume, overwrite=overwrite)
-    semantic = cfg.semantic()
     ckpt = None
     if resume:
         ckpt = load_checkpoint(rd.checkpoint)
-        diffs = diff_configs(ckpt["config"], semantic)
+        diffs = diff_configs(ckpt["config"], cfg.semantic())
         if diffs:
             lines = ", ".join(f"{k} (checkpoint: {_show(a)}, now: {_show(b)})" for k, a, b in diffs)
             raise FedriskError(
@@ -452,9 +467,19 @@ def run_experiment(
     elif overwrite:
         rd.clear()
 
-    threads = cfg["run.threads"]
-    if threads:
-        torch.set_num_threads(threads)
+    threads_before = torch.get_num_threads()
+    if cfg["run.threads"]:
+        torch.set_num_threads(cfg["run.threads"])
+    rounds = cfg["run.rounds"]
+    show = Progress(rounds, mode=progress, stream=stream, label=label)
+    try:
+        with SignalGuard(stream=show.stream if show.mode != "none" else None) as guard:
+            return _run(cfg, rd, ckpt, seed, show, guard)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run(cfg: ExperimentConfig, rd: RunDir, ckpt: dict[str, Any] | None, seed: int, show: Progress, guard: SignalGuard) -> RunResult:
     built = build_simulation(cfg, seed)
     sim = built.simulation
     rd.path.mkdir(parents=True, exist_ok=True)
@@ -474,34 +499,32 @@ def run_experiment(
     write_jsonl(rd.metrics, history.records)
 
     rounds = cfg["run.rounds"]
-    show = Progress(rounds, mode=progress, stream=stream, label=label, elapsed_before=elapsed_before)
-    with SignalGuard(stream=show.stream if show.mode != "none" else None) as guard:
-        checkpointer = Checkpointer(
-            rd.checkpoint, semantic, rounds, cfg["run.eval_every"], cfg["run.checkpoint_every"], guard, history,
-            show.elapsed,
+    show.elapsed_before = elapsed_before
+    checkpointer = Checkpointer(
+        rd.checkpoint, cfg.semantic(), rounds, cfg["run.eval_every"], cfg["run.checkpoint_every"], guard, history,
+        show.elapsed,
+    )
+    try:
+        run_simulation(
+            sim,
+            rounds,
+            eval_every=cfg["run.eval_every"],
+            eval_at_start=cfg["run.eval_at_start"],
+            metrics=cfg["run.metrics"] or None,
+            splits=cfg["run.splits"],
+            callbacks=[MetricsWriter(rd.metrics), show, checkpointer],
+            history=history,
+            elapsed_before=elapsed_before,
         )
-        try:
-            run_simulation(
-                sim,
-                rounds,
-                eval_every=cfg["run.eval_every"],
-                eval_at_start=cfg["run.eval_at_start"],
-                metrics=cfg["run.metrics"] or None,
-                splits=cfg["run.splits"],
-                callbacks=[MetricsWriter(rd.metrics), show, checkpointer],
-                history=history,
-                elapsed_before=elapsed_before,
-            )
-        except _Stop as stop:
-            exc = RunInterrupted(stop.signum, sim.round, rd.checkpoint)
-            show.interrupt(str(exc))
-            raise exc from None
+    except _Stop as stop:
+        show.close()
+        raise RunInterrupted(stop.signum, sim.round, rd) from None
     checkpointer.save(sim)
     summary = make_summary(cfg, built.resolved, sim, history)
     write_json(rd.summary, summary)
     if cfg["output.plots"] and history.records:
-        from fedrisk.experiment.plots import plot_run
         from fedrisk.experiment.outputs import load_run
+        from fedrisk.experiment.plots import plot_run
 
         plot_run(load_run(rd.path), rd.plots)
     return RunResult(rd.path, summary, history)

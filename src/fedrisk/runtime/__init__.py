@@ -9,6 +9,6 @@ from fedrisk.runtime.vectorized import VectorizedExecutor
 EXECUTORS: Registry = Registry("executor")
 EXECUTORS.add("sequential", SequentialExecutor, "clients one after another in one process (the reference)")
 EXECUTORS.add("vectorized", VectorizedExecutor, "blocks of clients at once with torch.func.vmap (many small clients)")
-EXECUTORS.add("distributed", DistributedExecutor, "SPMD processes under torchrun (gloo / NCCL), clients sharded by rank")
+EXECUTORS.add("distributed", DistributedExecutor, "SPMD processes under torchrun (gloo / NCCL), clients split by rank")
 
 __all__ = ["EXECUTORS", "ClientFailure", "CommLedger", "Executor", "RoundOutput", "SequentialExecutor"]

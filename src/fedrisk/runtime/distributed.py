@@ -77,9 +77,9 @@ import hashlib
 import os
 import socket
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -96,6 +96,7 @@ LAUNCH_COMMAND = "torchrun --nproc-per-node 2 -m fedrisk run CONFIG --set run.ex
 #: The variables ``torchrun`` (and Ray Train) set for every process.
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 BACKENDS = ("gloo", "nccl")
+T = TypeVar("T")
 LOCAL_EXECUTORS = ("sequential", "vectorized")
 
 
@@ -266,6 +267,37 @@ class DistributedExecutor(Executor):
     def close(self) -> None:
         """Destroy the process group (every rank must call it; optional, done at exit)."""
         _destroy_group()
+
+    # -- helpers for the experiment layer (collectives: every rank must call them) ---------
+    def run_on_primary(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on rank 0 only and return its result on every rank; a FedriskError it
+        raises is raised on every rank (so no rank is left waiting in a collective).
+
+        For decisions about the run directory (refuse to overwrite, find the checkpoint) and
+        for reading a checkpoint once: ``ckpt = executor.run_on_primary(lambda: load(path))``
+        also spares the other ranks (and nodes) from needing the file.  Joins the process group
+        if :meth:`prepare` has not run yet.
+        """
+        self._init_process_group()
+        outcome: list[Any] = [None]
+        if self.rank == 0:
+            try:
+                outcome[0] = ("ok", fn())
+            except FedriskError as exc:
+                outcome[0] = ("error", str(exc))
+        dist.broadcast_object_list(outcome, src=0)
+        status, value = outcome[0]
+        if status == "error":
+            raise FedriskError(value)
+        return value
+
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on some rank (e.g. a SIGINT seen by one
+        rank: all ranks must stop after the same round)."""
+        self._init_process_group()
+        value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self._comm_device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
 
     # -- the executor contract ------------------------------------------------------------
     def prepare(self, algorithm: Algorithm, data: Sequence[LocalData]) -> None:
@@ -500,9 +532,7 @@ class DistributedReplies(Replies):
 
         if self._local is not None:
             local = self._local.sum(key, weights)
-            local = tree_map(
-                lambda x, leaf: x.to(reduction_dtype(leaf)) if isinstance(leaf, _Leaf) else x, local, spec
-            )
+            local = tree_map(lambda x, leaf: x.to(reduction_dtype(leaf)) if isinstance(leaf, _Leaf) else x, local, spec)
         else:  # this rank has no replying client this round: contribute zeros
             local = tree_map(zeros, spec)
         leaves = tensor_leaves(local)

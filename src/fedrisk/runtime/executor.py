@@ -61,11 +61,12 @@ class Executor(ABC):
     ) -> RoundOutput: ...
 
 
-def check_reply(client: int, round: int, reply: Mapping[str, Any], on_failure: str) -> str | None:
-    """Return a failure reason for a non-finite reply (or raise when ``on_failure='raise'``)."""
+def check_reply(client: int, round: int, reply: Any, on_failure: str) -> str | None:
+    """Return a failure reason for a non-finite reply or new client state (or raise when
+    ``on_failure='raise'``)."""
     if tree_all_finite(reply):
         return None
-    reason = f"client {client} replied with NaN/inf values in round {round}"
+    reason = f"client {client} replied with NaN/inf values in round {round} (reply or new client state)"
     if on_failure == "raise":
         raise ClientFailure(reason + " (set on_client_failure='skip' to drop such replies)")
     return reason
@@ -102,7 +103,7 @@ class SequentialExecutor(Executor):
                     raise ClientFailure(f"client {k} failed in round {ctx.round}: {exc!r}") from exc
                 failed[k] = repr(exc)
                 continue
-            reason = check_reply(k, ctx.round, result.reply, on_failure)
+            reason = check_reply(k, ctx.round, (result.reply, result.state), on_failure)
             if reason:
                 failed[k] = reason
                 continue

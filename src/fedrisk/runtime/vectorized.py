@@ -198,10 +198,12 @@ def _unstack(tree: Tree, n: int, copy: bool = False) -> list[Tree]:
         cols = [[r.clone() for r in v.unbind(0)] if copy else v.unbind(0) for v in tree.values()]
         return [dict(zip(keys, row)) for row in zip(*cols)]
     leaves, spec = pytree.tree_flatten(tree)
-    rows = [
-        [r.clone() for r in x.unbind(0)] if copy else list(x.unbind(0)) if isinstance(x, Tensor) else [x] * n
-        for x in leaves
-    ]
+    rows: list[Sequence[Any]] = []
+    for x in leaves:
+        if not isinstance(x, Tensor):  # a constant (the same for every client)
+            rows.append([x] * n)
+        else:
+            rows.append([r.clone() for r in x.unbind(0)] if copy else x.unbind(0))
     return [pytree.tree_unflatten([r[i] for r in rows], spec) for i in range(n)]
 
 

@@ -1,0 +1,355 @@
+"""The ``fedrisk`` command line (also ``python -m fedrisk``).
+
+::
+
+    fedrisk run CONFIG [--set key=value ...] [--out DIR] [--resume | --overwrite] [--plain | --quiet]
+    fedrisk sweep CONFIG [--set key=value ...] [--grid key=v1,v2 ...] [--seeds N | --seeds 0,3,7]
+                  [--jobs J] [--out DIR] [--plain | --quiet]
+    fedrisk report RUN_DIR... [--out DIR] [--metrics m1,m2] [--no-plots]
+    fedrisk list [KIND [NAME]]
+
+User errors (a bad config value, a name that does not exist, a run directory in the wrong
+state) print ``error: <message>`` and exit with status 2, never with a traceback.  A run
+stopped by SIGINT / SIGTERM writes its checkpoint and exits with 130 / 143.
+
+Example:
+    >>> main(["list", "partitioners"])  # doctest: +ELLIPSIS
+    partitioners
+      by_attribute ...
+    0
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fedrisk import __version__
+from fedrisk.errors import FedriskError
+
+KINDS = ("algorithms", "datasets", "partitioners", "models", "aggregators", "objectives", "executors", "metrics", "attacks")
+
+
+# ============================================================================= commands
+
+
+def _progress(args: argparse.Namespace) -> str:
+    if getattr(args, "quiet", False):
+        return "none"
+    return "plain" if getattr(args, "plain", False) else "auto"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from fedrisk.experiment.config import load_config
+    from fedrisk.experiment.outputs import RunDir
+    from fedrisk.experiment.runner import check_out_dir, default_out_dir, run_experiment
+
+    cfg = load_config(args.config, args.set)
+    out = Path(args.out) if args.out else default_out_dir(cfg)
+    seeds = cfg["run.seeds"]
+    if len(seeds) > 1:
+        from fedrisk.experiment.sweep import expand_sweep
+
+        points = expand_sweep(cfg, out, seeds=seeds)
+        for p in points:
+            rd = RunDir(p.path)
+            if args.overwrite:
+                rd.clear()
+            elif not args.resume and rd.status() != "empty":
+                check_out_dir(rd, resume=False, overwrite=False)
+        return _sweep(cfg, out, args, grid={}, variants={}, seeds=seeds, jobs=1)
+    result = run_experiment(cfg, out, resume=args.resume, overwrite=args.overwrite, progress=_progress(args))
+    print(run_table(result.summary, result.path))
+    return 0
+
+
+def run_table(summary: dict[str, Any], path: Path) -> str:
+    """The end-of-run summary printed by ``fedrisk run``."""
+    from fedrisk.experiment.progress import format_duration, format_number
+
+    lines = [
+        f"finished {summary['algorithm']} on {summary['resolved']['federation']}: {summary['rounds']} rounds in "
+        f"{format_duration(summary.get('wall_time'))} (seed {summary['seed']})",
+        "",
+        "| metric | final | best (round) |",
+        "|---|---:|---:|",
+    ]
+    for k, v in summary["final"].items():
+        best = summary["best"].get(k)
+        shown = f"{format_number(best['value'])} ({best['round']})" if best else "–"
+        lines.append(f"| {k} | {format_number(v)} | {shown} |")
+    lines += [
+        "",
+        f"communicated: {summary['bytes_down'] / 1e6:.2f} MB down, {summary['bytes_up'] / 1e6:.2f} MB up",
+        f"outputs in {path}: config.toml metrics.jsonl summary.json partition.json checkpoint.pt plots/",
+    ]
+    return "\n".join(lines)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from fedrisk.experiment.config import load_config, resolve_seeds
+    from fedrisk.experiment.sweep import parse_grid
+
+    cfg = load_config(args.config, args.set)
+    grid = dict(cfg["sweep.grid"])
+    grid.update(parse_grid(args.grid))
+    seeds_spec = cfg["sweep.seeds"] if args.seeds is None else _parse_seeds(args.seeds)
+    seeds = resolve_seeds(seeds_spec, cfg["run.seed"])
+    jobs = args.jobs if args.jobs is not None else cfg["sweep.jobs"]
+    if jobs < 1:
+        raise FedriskError(f"--jobs = {jobs} is out of range; allowed: [1, inf]")
+    out = Path(args.out) if args.out else Path(cfg["output.dir"] or f"runs/{cfg.name}")
+    return _sweep(cfg, out, args, grid=grid, variants=cfg["sweep.variants"], seeds=seeds, jobs=jobs)
+
+
+def _parse_seeds(text: str) -> int | list[int]:
+    try:
+        if "," in text or text.startswith("["):
+            return [int(s) for s in text.strip("[]").split(",") if s.strip()]
+        n = int(text)
+    except ValueError:
+        raise FedriskError(f"--seeds = {text!r} is not allowed; allowed: a count N >= 1 or a list like 0,1,2") from None
+    if n < 1:
+        raise FedriskError(f"--seeds = {n} is out of range; allowed: a count N >= 1 or a list like 0,1,2")
+    return n
+
+
+def _sweep(cfg: Any, out: Path, args: argparse.Namespace, *, grid: Any, variants: Any, seeds: Any, jobs: int) -> int:
+    from fedrisk.experiment.sweep import run_sweep
+
+    result = run_sweep(cfg, out, grid=grid, variants=variants, seeds=seeds, jobs=jobs, progress=_progress(args))
+    if result.report is not None:
+        print()
+        print(result.report.table)
+        print()
+        for p in result.report.plots:
+            print(f"plot: {p}")
+        print(f"report: {result.report.path}")
+    if result.failed:
+        print(f"\n{len(result.failed)} run(s) failed:", file=sys.stderr)
+        for point, message in result.failed:
+            print(f"  {point.name} ({point.path}): {message}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from fedrisk.experiment.report import make_report
+
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
+    report = make_report(args.runs, out=args.out, metrics=metrics, plots=not args.no_plots)
+    print(report.table)
+    print()
+    for p in report.plots:
+        print(f"plot: {p}")
+    print(f"report: {report.path}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- list
+
+
+def _entries(kind: str) -> list[tuple[str, str]]:
+    if kind == "objectives":
+        from fedrisk.objectives.supervised import LOSSES
+
+        return [("auto", "cross_entropy, or binary_cross_entropy for one output, or mse for regression")] + [
+            (name, desc) for name, (_, desc) in sorted(LOSSES.items())
+        ]
+    reg = _registry(kind)
+    return [] if reg is None else [(e.name, e.description) for e in reg.entries()]
+
+
+def _registry(kind: str) -> Any:
+    if kind == "algorithms":
+        from fedrisk.algorithms import ALGORITHMS as reg
+    elif kind == "datasets":
+        from fedrisk.data import DATASETS as reg
+    elif kind == "partitioners":
+        from fedrisk.data import PARTITIONERS as reg
+    elif kind == "models":
+        from fedrisk.models import MODELS as reg
+    elif kind == "aggregators":
+        from fedrisk.aggregators import AGGREGATORS as reg
+    elif kind == "executors":
+        from fedrisk.runtime import EXECUTORS as reg
+    elif kind == "metrics":
+        from fedrisk.metrics import METRICS as reg
+    elif kind == "attacks":
+        from fedrisk.experiment.config import attack_registry
+
+        reg = attack_registry()
+    else:
+        reg = None
+    return reg
+
+
+def _details(kind: str, name: str) -> list[str]:
+    """The config keys of one component: name, type, default."""
+    from fedrisk.experiment.config import REQUIRED, algorithm_fields, signature_options
+    from fedrisk.experiment.types import format_value
+
+    reg = _registry(kind)
+    if reg is None:
+        raise FedriskError(f"`fedrisk list {kind} NAME` is not available; details exist for algorithms, datasets, "
+                           "partitioners, models, aggregators and attacks")
+    obj = reg.get(name)
+    desc = next(e.description for e in reg.entries() if e.name == name)
+    lines = [f"{name}: {desc}", ""]
+    if kind == "algorithms":
+        fields = algorithm_fields(obj)
+        rows = [(k, spec.short(), "(required)" if d is REQUIRED else format_value(d)) for k, (spec, d) in fields.hyper.items()]
+        if fields.aggregator:
+            rows.append(("aggregator", "name | table", "algorithm default (`fedrisk list aggregators`)"))
+        if fields.server_opt:
+            rows += [("server_lr", "float", "1.0"), ("server_momentum", "float", "0.0"), ("server_nesterov", "bool", "false")]
+        header = "[algorithm] keys"
+        if fields.loss:
+            lines.append("objective: [objective] name (`fedrisk list objectives`)")
+        else:
+            lines.append("objective: defined by the algorithm's own keys below")
+    else:
+        skip = {"datasets": ("data_root",), "partitioners": ("num_clients", "seed")}.get(kind, ())
+        positional = {"partitioners": 1, "models": 2}.get(kind, 0)
+        opts = signature_options(obj, exclude=skip, skip_positional=positional)
+        rows = [(k, spec.short(), "(required)" if d is REQUIRED else format_value(d)) for k, (spec, d) in opts.items()]
+        header = {
+            "datasets": "[data.dataset_options] keys",
+            "partitioners": "[data.partition_options] keys (plus on = \"label\" | \"class\" | an attribute)",
+            "models": "[model] keys (beside name)",
+            "aggregators": "algorithm.aggregator options",
+            "attacks": "[attack] keys (beside name, byzantine / num_byzantine)",
+        }.get(kind, "options")
+    lines.append(header + ":")
+    if not rows:
+        lines.append("  (none)")
+    width = max((len(r[0]) for r in rows), default=0)
+    twidth = max((len(r[1]) for r in rows), default=0)
+    lines += [f"  {k:<{width}}  {t:<{twidth}}  default {d}" for k, t, d in rows]
+    doc = inspect.getdoc(obj) or ""
+    if doc:
+        lines += ["", doc.split("\n\n")[0]]
+    return lines
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    kinds = KINDS
+    if args.kind is not None:
+        kind = args.kind if args.kind in KINDS else args.kind + "s"
+        if kind not in KINDS:
+            from fedrisk.errors import unknown_name
+
+            raise unknown_name("kind", args.kind, KINDS)
+        if args.name is not None:
+            print("\n".join(_details(kind, args.name)))
+            return 0
+        kinds = (kind,)
+    elif args.name is not None:
+        raise FedriskError("give a kind before a name, e.g. `fedrisk list algorithms fedavg`")
+    blocks = []
+    for kind in kinds:
+        entries = _entries(kind)
+        if not entries and args.kind is None:
+            continue
+        width = max((len(n) for n, _ in entries), default=0)
+        block = [kind] + [f"  {n:<{width}}  {d}" for n, d in entries]
+        if not entries:
+            block.append("  (none registered)")
+        blocks.append("\n".join(block))
+    print("\n\n".join(blocks))
+    return 0
+
+
+# ============================================================================= parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fedrisk",
+        description="Federated optimisation beyond averaging: run, sweep and report experiments from TOML configs.",
+    )
+    parser.add_argument("--version", action="version", version=f"fedrisk {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    def progress_flags(p: argparse.ArgumentParser) -> None:
+        g = p.add_mutually_exclusive_group()
+        g.add_argument("--plain", action="store_true", help="one line per evaluation (automatic when not a terminal)")
+        g.add_argument("--quiet", action="store_true", help="no progress output")
+
+    def set_flag(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--set", action="append", default=[], metavar="KEY=VALUE",
+            help="override a config key (dotted, TOML value), e.g. --set algorithm.lr=0.05; repeatable",
+        )
+
+    p = sub.add_parser("run", help="run one experiment from a config", description="Run one experiment from a config.")
+    p.add_argument("config", metavar="CONFIG", help="a TOML config file")
+    set_flag(p)
+    p.add_argument("--out", metavar="DIR", help="the run directory (default: output.dir or runs/<config name>)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true", help="continue the interrupted run in --out from its checkpoint")
+    mode.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
+    progress_flags(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("sweep", help="run a grid of configs over seeds, then report",
+                       description="Run variants x grid x seeds (finished runs are skipped, interrupted ones resumed).")
+    p.add_argument("config", metavar="CONFIG", help="a TOML config file (its [sweep] table is the default grid)")
+    set_flag(p)
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                   help="values of one key to sweep, e.g. --grid algorithm.lr=0.01,0.1; repeatable")
+    p.add_argument("--seeds", metavar="N|LIST", help="number of seeds (from run.seed) or a list like 0,1,2")
+    p.add_argument("--jobs", type=int, metavar="J", help="runs in parallel (subprocesses; default sweep.jobs or 1)")
+    p.add_argument("--out", metavar="DIR", help="the sweep directory (default: output.dir or runs/<config name>)")
+    progress_flags(p)
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("report", help="tables and plots over run directories",
+                       description="Group runs by config (minus seed): Markdown table (mean ± std) and comparison plots.")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories or folders holding them (e.g. a sweep)")
+    p.add_argument("--out", metavar="DIR", help="where report.md and the plots go (default: the directory given)")
+    p.add_argument("--metrics", metavar="M1,M2", help="metrics to tabulate and plot (default: all)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("list", help="algorithms, datasets, partitioners, models, aggregators, ...",
+                       description="List the registered components; with KIND NAME, show its config keys.")
+    p.add_argument("kind", nargs="?", metavar="KIND", help=", ".join(KINDS))
+    p.add_argument("name", nargs="?", metavar="NAME", help="show the config keys of one component")
+    p.set_defaults(func=cmd_list)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 failed runs in a sweep, 2 user
+    error, 130 / 143 interrupted)."""
+    from fedrisk.experiment.runner import RunInterrupted
+    from fedrisk.experiment.sweep import SweepInterrupted
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse has printed usage and the error
+        return int(exc.code or 0)
+    try:
+        return int(args.func(args))
+    except FedriskError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (RunInterrupted, SweepInterrupted) as exc:
+        print(str(exc), file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted (no new checkpoint written; the last periodic one can be resumed)", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `fedrisk list | head`
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
