@@ -76,9 +76,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sims = build(args)
     times = measure(sims, args.repeats, args.warmup)
     median = {name: statistics.median(ts) for name, ts in times.items()}
-    bytes_per_round = {
-        name: (sim.ledger.rounds[-1]["down"], sim.ledger.rounds[-1]["up"]) for name, sim in sims.items()
-    }
+    bytes_per_round = {name: (sim.ledger.rounds[-1]["down"], sim.ledger.rounds[-1]["up"]) for name, sim in sims.items()}
     result = {
         "config": vars(args),
         "median_round_s": median,
@@ -88,8 +86,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "bytes_per_client_round": {n: {"down": d[0], "up": u[0]} for n, (d, u) in bytes_per_round.items()},
         "torch": torch.__version__,
     }
-    print(f"window I = {args.window}, batch {args.batch_size}, MLP hidden {args.hidden}, K = {args.clients}, "
-          f"{args.repeats} interleaved repeats, {args.threads} thread(s)")
+    print(
+        f"window I = {args.window}, batch {args.batch_size}, MLP hidden {args.hidden}, K = {args.clients}, "
+        f"{args.repeats} interleaved repeats, {args.threads} thread(s)"
+    )
     for name in sims:
         d, u = result["bytes_per_client_round"][name]["down"], result["bytes_per_client_round"][name]["up"]
         print(f"  {name:9s} median {1e3 * median[name]:8.2f} ms/round   bytes/client/round down {d:6d} up {u:6d}")

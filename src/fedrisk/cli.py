@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import sys
 from collections.abc import Sequence
@@ -29,9 +30,19 @@ from pathlib import Path
 from typing import Any
 
 from fedrisk import __version__
-from fedrisk.errors import FedriskError
+from fedrisk.errors import FedriskError, check_range
 
-KINDS = ("algorithms", "datasets", "partitioners", "models", "aggregators", "objectives", "executors", "metrics", "attacks")
+KINDS = (
+    "algorithms",
+    "datasets",
+    "partitioners",
+    "models",
+    "aggregators",
+    "objectives",
+    "executors",
+    "metrics",
+    "attacks",
+)
 
 
 # ============================================================================= commands
@@ -100,8 +111,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     seeds_spec = cfg["sweep.seeds"] if args.seeds is None else _parse_seeds(args.seeds)
     seeds = resolve_seeds(seeds_spec, cfg["run.seed"])
     jobs = args.jobs if args.jobs is not None else cfg["sweep.jobs"]
-    if jobs < 1:
-        raise FedriskError(f"--jobs = {jobs} is out of range; allowed: [1, inf]")
+    check_range("--jobs", jobs, 1)
     out = Path(args.out) if args.out else Path(cfg["output.dir"] or f"runs/{cfg.name}")
     return _sweep(cfg, out, args, grid=grid, variants=cfg["sweep.variants"], seeds=seeds, jobs=jobs)
 
@@ -164,28 +174,24 @@ def _entries(kind: str) -> list[tuple[str, str]]:
     return [] if reg is None else [(e.name, e.description) for e in reg.entries()]
 
 
-def _registry(kind: str) -> Any:
-    if kind == "algorithms":
-        from fedrisk.algorithms import ALGORITHMS as reg
-    elif kind == "datasets":
-        from fedrisk.data import DATASETS as reg
-    elif kind == "partitioners":
-        from fedrisk.data import PARTITIONERS as reg
-    elif kind == "models":
-        from fedrisk.models import MODELS as reg
-    elif kind == "aggregators":
-        from fedrisk.aggregators import AGGREGATORS as reg
-    elif kind == "executors":
-        from fedrisk.runtime import EXECUTORS as reg
-    elif kind == "metrics":
-        from fedrisk.metrics import METRICS as reg
-    elif kind == "attacks":
-        from fedrisk.experiment.config import attack_registry
+_REGISTRIES = {
+    "algorithms": ("fedrisk.algorithms", "ALGORITHMS"),
+    "datasets": ("fedrisk.data", "DATASETS"),
+    "partitioners": ("fedrisk.data", "PARTITIONERS"),
+    "models": ("fedrisk.models", "MODELS"),
+    "aggregators": ("fedrisk.aggregators", "AGGREGATORS"),
+    "executors": ("fedrisk.runtime", "EXECUTORS"),
+    "metrics": ("fedrisk.metrics", "METRICS"),
+    "attacks": ("fedrisk.attacks", "ATTACKS"),
+}
 
-        reg = attack_registry()
-    else:
-        reg = None
-    return reg
+
+def _registry(kind: str) -> Any:
+    """The registry of ``kind`` (None for kinds without one, or no attacks registered)."""
+    if kind not in _REGISTRIES:
+        return None
+    module, attr = _REGISTRIES[kind]
+    return getattr(importlib.import_module(module), attr, None)
 
 
 def _details(kind: str, name: str) -> list[str]:
@@ -195,18 +201,27 @@ def _details(kind: str, name: str) -> list[str]:
 
     reg = _registry(kind)
     if reg is None:
-        raise FedriskError(f"`fedrisk list {kind} NAME` is not available; details exist for algorithms, datasets, "
-                           "partitioners, models, aggregators and attacks")
+        raise FedriskError(
+            f"`fedrisk list {kind} NAME` is not available; details exist for algorithms, datasets, "
+            "partitioners, models, aggregators and attacks"
+        )
     obj = reg.get(name)
     desc = next(e.description for e in reg.entries() if e.name == name)
     lines = [f"{name}: {desc}", ""]
     if kind == "algorithms":
         fields = algorithm_fields(obj)
-        rows = [(k, spec.short(), "(required)" if d is REQUIRED else format_value(d)) for k, (spec, d) in fields.hyper.items()]
+        rows = [
+            (k, spec.short(), "(required)" if d is REQUIRED else format_value(d))
+            for k, (spec, d) in fields.hyper.items()
+        ]
         if fields.aggregator:
             rows.append(("aggregator", "name | table", "algorithm default (`fedrisk list aggregators`)"))
         if fields.server_opt:
-            rows += [("server_lr", "float", "1.0"), ("server_momentum", "float", "0.0"), ("server_nesterov", "bool", "false")]
+            rows += [
+                ("server_lr", "float", "1.0"),
+                ("server_momentum", "float", "0.0"),
+                ("server_nesterov", "bool", "false"),
+            ]
         header = "[algorithm] keys"
         if fields.loss:
             lines.append("objective: [objective] name (`fedrisk list objectives`)")
@@ -219,7 +234,7 @@ def _details(kind: str, name: str) -> list[str]:
         rows = [(k, spec.short(), "(required)" if d is REQUIRED else format_value(d)) for k, (spec, d) in opts.items()]
         header = {
             "datasets": "[data.dataset_options] keys",
-            "partitioners": "[data.partition_options] keys (plus on = \"label\" | \"class\" | an attribute)",
+            "partitioners": '[data.partition_options] keys (plus on = "label" | "class" | an attribute)',
             "models": "[model] keys (beside name)",
             "aggregators": "algorithm.aggregator options",
             "attacks": "[attack] keys (beside name, byzantine / num_byzantine)",
@@ -283,7 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     def set_flag(p: argparse.ArgumentParser) -> None:
         p.add_argument(
-            "--set", action="append", default=[], metavar="KEY=VALUE",
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
             help="override a config key (dotted, TOML value), e.g. --set algorithm.lr=0.05; repeatable",
         )
 
@@ -297,28 +315,42 @@ def build_parser() -> argparse.ArgumentParser:
     progress_flags(p)
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("sweep", help="run a grid of configs over seeds, then report",
-                       description="Run variants x grid x seeds (finished runs are skipped, interrupted ones resumed).")
+    p = sub.add_parser(
+        "sweep",
+        help="run a grid of configs over seeds, then report",
+        description="Run variants x grid x seeds (finished runs are skipped, interrupted ones resumed).",
+    )
     p.add_argument("config", metavar="CONFIG", help="a TOML config file (its [sweep] table is the default grid)")
     set_flag(p)
-    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
-                   help="values of one key to sweep, e.g. --grid algorithm.lr=0.01,0.1; repeatable")
+    p.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="values of one key to sweep, e.g. --grid algorithm.lr=0.01,0.1; repeatable",
+    )
     p.add_argument("--seeds", metavar="N|LIST", help="number of seeds (from run.seed) or a list like 0,1,2")
     p.add_argument("--jobs", type=int, metavar="J", help="runs in parallel (subprocesses; default sweep.jobs or 1)")
     p.add_argument("--out", metavar="DIR", help="the sweep directory (default: output.dir or runs/<config name>)")
     progress_flags(p)
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("report", help="tables and plots over run directories",
-                       description="Group runs by config (minus seed): Markdown table (mean ± std) and comparison plots.")
+    p = sub.add_parser(
+        "report",
+        help="tables and plots over run directories",
+        description="Group runs by config (minus seed): Markdown table (mean ± std) and comparison plots.",
+    )
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories or folders holding them (e.g. a sweep)")
     p.add_argument("--out", metavar="DIR", help="where report.md and the plots go (default: the directory given)")
     p.add_argument("--metrics", metavar="M1,M2", help="metrics to tabulate and plot (default: all)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("list", help="algorithms, datasets, partitioners, models, aggregators, ...",
-                       description="List the registered components; with KIND NAME, show its config keys.")
+    p = sub.add_parser(
+        "list",
+        help="algorithms, datasets, partitioners, models, aggregators, ...",
+        description="List the registered components; with KIND NAME, show its config keys.",
+    )
     p.add_argument("kind", nargs="?", metavar="KIND", help=", ".join(KINDS))
     p.add_argument("name", nargs="?", metavar="NAME", help="show the config keys of one component")
     p.set_defaults(func=cmd_list)

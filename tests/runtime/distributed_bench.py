@@ -29,7 +29,9 @@ import torch
 
 from fedrisk.experiment.config import resolve_config
 from fedrisk.experiment.runner import build_simulation
+from fedrisk.runtime.distributed import DistributedExecutor
 from fedrisk.runtime.evaluation import score_split
+from fedrisk.runtime.simulation import Simulation
 
 WORKLOADS = {
     "w1": {"hidden": [128], "local_steps": 10, "rounds": 20},
@@ -47,28 +49,27 @@ def main() -> None:
     w = WORKLOADS[args.workload]
     cfg = resolve_config(
         {
-            "data": {"dataset": "digits", "num_clients": 100, "partition": "iid", "dataset_options": {"scale": "standardize"}},
+            "data": {
+                "dataset": "digits",
+                "num_clients": 100,
+                "partition": "iid",
+                "dataset_options": {"scale": "standardize"},
+            },
             "model": {"name": "mlp", "hidden": w["hidden"]},
             "algorithm": {"name": "fedavg", "lr": 0.05, "local_steps": w["local_steps"], "batch_size": 16},
             "run": {"rounds": w["rounds"], "seed": 0, "executor": "sequential"},
         }
     )
     base = build_simulation(cfg).simulation
-    if args.executor == "distributed":
-        from fedrisk.runtime.distributed import DistributedExecutor
-
-        executor = DistributedExecutor(local=args.local)
-    else:
-        executor = args.executor
-    from fedrisk.runtime.simulation import Simulation
-
+    executor = DistributedExecutor(local=args.local) if args.executor == "distributed" else args.executor
     sim = Simulation(base.algorithm, base.federation, seed=0, executor=executor)
     times = []
     for _ in range(w["rounds"]):
         start = time.perf_counter()
         sim.step()
         times.append(time.perf_counter() - start)
-    accuracy = score_split(sim.algorithm, sim.algorithm.global_params(sim.server_state), sim.federation.test, ["accuracy"])
+    params = sim.algorithm.global_params(sim.server_state)
+    accuracy = score_split(sim.algorithm, params, sim.federation.test, ["accuracy"])
     if sim.executor.is_primary:
         world = getattr(sim.executor, "world_size", 1)
         row = {

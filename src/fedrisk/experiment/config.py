@@ -48,9 +48,9 @@ Example:
     ...                       "algorithm": {"name": "fedavg", "lr": 0.05}}, overrides=["run.rounds=3"])
     >>> cfg["algorithm.lr"], cfg["algorithm.local_steps"], cfg["run.rounds"], cfg["data.partition"]
     (0.05, 1, 3, 'iid')
-    >>> resolve_config({"data": {"dataset": "digits"}, "algorithm": {"lrr": 0.1}})
+    >>> resolve_config({"data": {"dataset": "digits"}, "algorithm": {"lrr": 0.1}})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    fedrisk.errors.FedriskError: unknown key 'algorithm.lrr' (did you mean 'algorithm.lr'?); valid keys in [algorithm]: aggregator, batch_size, clients_per_round, local_steps, lr, name, sampling, server_lr, server_momentum, server_nesterov, weighting
+    fedrisk.errors.FedriskError: unknown key 'algorithm.lrr' (did you mean 'algorithm.lr'?); valid keys in ...
 """
 
 from __future__ import annotations
@@ -61,13 +61,13 @@ import difflib
 import importlib
 import inspect
 import sys
-import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tomli_w
+import tomllib
 
 from fedrisk.errors import FedriskError, check_range
 from fedrisk.experiment.types import (
@@ -132,26 +132,81 @@ def _o(*args: Any, **kwargs: Any) -> Option:
 
 SCHEMA: dict[str, list[Option]] = {
     "": [
-        _o("imports", "list[str]", [], "modules imported before validation (they may register algorithms, datasets, ...)"),
+        _o(
+            "imports",
+            "list[str]",
+            [],
+            "modules imported before validation (they may register algorithms, datasets, ...)",
+        ),
     ],
     "data": [
         _o("dataset", "str", REQUIRED, "dataset name", choices="datasets"),
         _o("partition", "str", "iid", "partitioner name", choices="partitioners"),
         _o("num_clients", "int", 10, "number of clients K", low=1),
-        _o("seed", "int | str", RUN_SEED, 'seed of the data pipeline; "run" = the run\'s seed, an integer fixes the split across seeds'),
+        _o(
+            "seed",
+            "int | str",
+            RUN_SEED,
+            'seed of the data pipeline; "run" = the run\'s seed, an integer fixes the split across seeds',
+        ),
         _o("data_root", "str", "", 'folder with user-supplied files (MNIST, CIFAR, ...); "" = none', semantic=True),
-        _o("client_test_fraction", "float", 0.0, "share of each client's rows kept as its personal test set", low=0.0, high=1.0, high_inclusive=False),
-        _o("validation_fraction", "float", 0.0, "share of the training set held out as the global validation set", low=0.0, high=1.0, high_inclusive=False),
-        _o("dataset_options", "table", {}, "options of the dataset loader (checked against it; `fedrisk list datasets`)"),
-        _o("partition_options", "table", {}, "options of the partitioner (alpha, min_size, classes_per_client, ..., on)"),
+        _o(
+            "client_test_fraction",
+            "float",
+            0.0,
+            "share of each client's rows kept as its personal test set",
+            low=0.0,
+            high=1.0,
+            high_inclusive=False,
+        ),
+        _o(
+            "validation_fraction",
+            "float",
+            0.0,
+            "share of the training set held out as the global validation set",
+            low=0.0,
+            high=1.0,
+            high_inclusive=False,
+        ),
+        _o(
+            "dataset_options",
+            "table",
+            {},
+            "options of the dataset loader (checked against it; `fedrisk list datasets`)",
+        ),
+        _o(
+            "partition_options",
+            "table",
+            {},
+            "options of the partitioner (alpha, min_size, classes_per_client, ..., on)",
+        ),
         _o("binarize", "table", None, "optional [data.binarize] table: classes -> {0, 1}"),
         _o("feature_noise", "table", None, "optional [data.feature_noise] table: per-client Gaussian input noise"),
         _o("label_noise", "table", None, "optional [data.label_noise] table: symmetric label noise on client rows"),
     ],
     "data.binarize": [
-        _o("positive_classes", "int | list[int] | None", None, 'classes mapped to label 1; "none" = the upper half of the classes'),
-        _o("imratio", "float | None", None, 'target positive fraction of the training set (positives subsampled); "none" = keep all', low=0.0, high=1.0, low_inclusive=False, high_inclusive=False),
-        _o("per_class", "bool", False, "spread the positive budget over the positive classes in proportion to their sizes"),
+        _o(
+            "positive_classes",
+            "int | list[int] | None",
+            None,
+            'classes mapped to label 1; "none" = the upper half of the classes',
+        ),
+        _o(
+            "imratio",
+            "float | None",
+            None,
+            'target positive fraction of the training set (positives subsampled); "none" = keep all',
+            low=0.0,
+            high=1.0,
+            low_inclusive=False,
+            high_inclusive=False,
+        ),
+        _o(
+            "per_class",
+            "bool",
+            False,
+            "spread the positive budget over the positive classes in proportion to their sizes",
+        ),
         _o("balanced_test", "bool", False, "subsample the test set to equal class counts"),
     ],
     "data.feature_noise": [
@@ -160,20 +215,55 @@ SCHEMA: dict[str, list[Option]] = {
         _o("mean_step", "float", 0.0, "client k's mean is mean + (k - K//2) * mean_step"),
     ],
     "data.label_noise": [
-        _o("rate", "float", 0.0, "probability of replacing a client's training label by a random other class", low=0.0, high=1.0),
+        _o(
+            "rate",
+            "float",
+            0.0,
+            "probability of replacing a client's training label by a random other class",
+            low=0.0,
+            high=1.0,
+        ),
     ],
     "model": [
         _o("name", "str", "logreg", "model name (its options go beside it, e.g. hidden = [64])", choices="models"),
-        _o("num_outputs", "int | str", AUTO, '"auto" (classes, or 1 for one-output objectives / scorers) or an integer'),
+        _o(
+            "num_outputs", "int | str", AUTO, '"auto" (classes, or 1 for one-output objectives / scorers) or an integer'
+        ),
     ],
     "objective": [
         _o("name", "str", AUTO, '"auto" or a loss name (`fedrisk list objectives`)', choices="objectives"),
     ],
     "algorithm": [
-        _o("name", "str", "fedavg", "algorithm name (its hyper-parameters go beside it; `fedrisk list algorithms NAME`)", choices="algorithms"),
-        _o("aggregator", "str | table", "(algorithm default)", 'aggregator name, or {name = "...", option = ...} (algorithms with an aggregator field)'),
-        _o("server_lr", "float", 1.0, "server learning rate on the averaged delta (algorithms with a server_opt field)", low=0.0, low_inclusive=False),
-        _o("server_momentum", "float", 0.0, "server momentum beta (FedAvgM; algorithms with a server_opt field)", low=0.0, high=1.0, high_inclusive=False),
+        _o(
+            "name",
+            "str",
+            "fedavg",
+            "algorithm name (its hyper-parameters go beside it; `fedrisk list algorithms NAME`)",
+            choices="algorithms",
+        ),
+        _o(
+            "aggregator",
+            "str | table",
+            "(algorithm default)",
+            'aggregator name, or {name = "...", option = ...} (algorithms with an aggregator field)',
+        ),
+        _o(
+            "server_lr",
+            "float",
+            1.0,
+            "server learning rate on the averaged delta (algorithms with a server_opt field)",
+            low=0.0,
+            low_inclusive=False,
+        ),
+        _o(
+            "server_momentum",
+            "float",
+            0.0,
+            "server momentum beta (FedAvgM; algorithms with a server_opt field)",
+            low=0.0,
+            high=1.0,
+            high_inclusive=False,
+        ),
         _o("server_nesterov", "bool", False, "Nesterov form of the server momentum"),
     ],
     "attack": [
@@ -188,11 +278,29 @@ SCHEMA: dict[str, list[Option]] = {
         _o("executor", "str", "sequential", "how clients are run", choices="executors"),
         _o("eval_every", "int", 1, "evaluate every this many rounds (and after the last)", low=1),
         _o("eval_at_start", "bool", False, "also evaluate the initial model (round 0)"),
-        _o("metrics", "list[str]", [], "metric names; [] = accuracy/log_loss, or auroc/auprc for one-output binary models"),
+        _o(
+            "metrics",
+            "list[str]",
+            [],
+            "metric names; [] = accuracy/log_loss, or auroc/auprc for one-output binary models",
+        ),
         _o("splits", "list[str]", ["test"], "global splits to evaluate on", choices=SPLITS),
         _o("dtype", "str", "float32", "floating dtype of data and parameters", choices=DTYPES),
-        _o("on_client_failure", "str", "raise", "a failing / NaN client stops the run or is skipped", choices=FAILURE_POLICIES),
-        _o("checkpoint_every", "int", 10, "write a checkpoint every this many rounds (0 = only at the end and on SIGINT/SIGTERM)", low=0, semantic=False),
+        _o(
+            "on_client_failure",
+            "str",
+            "raise",
+            "a failing / NaN client stops the run or is skipped",
+            choices=FAILURE_POLICIES,
+        ),
+        _o(
+            "checkpoint_every",
+            "int",
+            10,
+            "write a checkpoint every this many rounds (0 = only at the end and on SIGINT/SIGTERM)",
+            low=0,
+            semantic=False,
+        ),
         _o("threads", "int", 0, "torch threads (0 = torch's default)", low=0, semantic=False),
     ],
     "output": [
@@ -200,10 +308,28 @@ SCHEMA: dict[str, list[Option]] = {
         _o("plots", "bool", True, "write PNG plots at the end of the run", semantic=False),
     ],
     "sweep": [
-        _o("seeds", "int | list[int]", 1, "an integer N (seeds run.seed .. run.seed+N-1) or a list of seeds", semantic=False),
+        _o(
+            "seeds",
+            "int | list[int]",
+            1,
+            "an integer N (seeds run.seed .. run.seed+N-1) or a list of seeds",
+            semantic=False,
+        ),
         _o("jobs", "int", 1, "runs in parallel (subprocesses)", low=1, semantic=False),
-        _o("grid", "table", {}, 'key -> list of values, e.g. "algorithm.lr" = [0.03, 0.1]; every combination runs', semantic=False),
-        _o("variants", "table", {}, "name -> table of overrides; every variant runs with every grid point", semantic=False),
+        _o(
+            "grid",
+            "table",
+            {},
+            'key -> list of values, e.g. "algorithm.lr" = [0.03, 0.1]; every combination runs',
+            semantic=False,
+        ),
+        _o(
+            "variants",
+            "table",
+            {},
+            "name -> table of overrides; every variant runs with every grid point",
+            semantic=False,
+        ),
     ],
 }
 """Every fixed key, by section (``""`` = top level).  Sections ``model``, ``algorithm`` and
@@ -357,7 +483,9 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str] | Mapping[str, Any], flag: str = "--set") -> dict[str, Any]:
+def apply_overrides(
+    raw: Mapping[str, Any], overrides: Sequence[str] | Mapping[str, Any], flag: str = "--set"
+) -> dict[str, Any]:
     """A deep copy of ``raw`` with ``key=value`` overrides applied."""
     out = copy.deepcopy(dict(raw))
     items = overrides.items() if isinstance(overrides, Mapping) else (parse_assignment(o, flag) for o in overrides)
@@ -452,12 +580,7 @@ class ExperimentConfig:
 
 def semantic_view(values: Mapping[str, Any]) -> dict[str, Any]:
     """Flattened ``values`` without the keys marked ``semantic=False`` and without [sweep]."""
-    skip = {
-        (f"{sec}.{o.key}" if sec else o.key)
-        for sec, opts in SCHEMA.items()
-        for o in opts
-        if not o.semantic
-    }
+    skip = {(f"{sec}.{o.key}" if sec else o.key) for sec, opts in SCHEMA.items() for o in opts if not o.semantic}
     flat = flatten(to_toml_value({k: v for k, v in values.items() if k != "sweep"}))
     return {k: v for k, v in flat.items() if k not in skip and not k.startswith("output.")}
 
@@ -486,8 +609,10 @@ def resolve_config(
             raise FedriskError(f"{key} must be a table ([{key}]); got {format_value(raw[key])}")
     values["imports"] = _check_fixed("", {"imports": raw.get("imports", [])})["imports"]
     if "data" not in raw:
-        raise FedriskError('the config needs a [data] table with at least dataset = "..."; valid datasets: '
-                           + ", ".join(registry_names("datasets")))
+        raise FedriskError(
+            'the config needs a [data] table with at least dataset = "..."; valid datasets: '
+            + ", ".join(registry_names("datasets"))
+        )
     values["data"] = _resolve_data(raw["data"])
     values["model"] = _resolve_model(raw.get("model", {}))
     algorithm = _resolve_algorithm(raw.get("algorithm", {}))
@@ -522,10 +647,16 @@ def _check_value(dotted: str, option: Option, value: Any) -> Any:
             raise FedriskError(f"{dotted} = {format_value(value)} has the wrong type; allowed: a table")
         return dict(value)
     value = coerce(dotted, value, option.spec)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if option.low is not None or option.high is not None:
-            check_range(dotted, value, option.low, option.high,
-                        low_inclusive=option.low_inclusive, high_inclusive=option.high_inclusive)
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if numeric and (option.low is not None or option.high is not None):
+        check_range(
+            dotted,
+            value,
+            option.low,
+            option.high,
+            low_inclusive=option.low_inclusive,
+            high_inclusive=option.high_inclusive,
+        )
     choices = _choices(option)
     if choices:
         for item in value if isinstance(value, list) else [value]:
@@ -563,7 +694,9 @@ def _check_fixed(
 # ----------------------------------------------------------------------------- [data]
 
 
-def signature_options(fn: Callable[..., Any], exclude: Iterable[str] = (), skip_positional: int = 0) -> dict[str, tuple[TypeSpec, Any]]:
+def signature_options(
+    fn: Callable[..., Any], exclude: Iterable[str] = (), skip_positional: int = 0
+) -> dict[str, tuple[TypeSpec, Any]]:
     """``name -> (type, default or REQUIRED)`` of the keyword-settable parameters of ``fn``."""
     out: dict[str, tuple[TypeSpec, Any]] = {}
     params = list(inspect.signature(fn).parameters.values())
@@ -590,7 +723,8 @@ def _check_options(
             close = difflib.get_close_matches(key, list(allowed), n=1)
             hint = f" (did you mean {dotted + '.' + close[0]!r}?)" if close else ""
             raise FedriskError(
-                f"unknown key {dotted + '.' + key!r}{hint}; valid options of {what}: {', '.join(sorted(allowed)) or '(none)'}"
+                f"unknown key {dotted + '.' + key!r}{hint}; valid options of {what}: "
+                f"{', '.join(sorted(allowed)) or '(none)'}"
             )
         spec, _ = allowed[key]
         out[key] = coerce(f"{dotted}.{key}", value, spec) if spec.plain else value
@@ -643,7 +777,9 @@ def _resolve_model(table: Mapping[str, Any]) -> dict[str, Any]:
     opts = {k: v for k, v in opts.items() if k not in ("input_shape", "num_outputs")}
     nout = out["num_outputs"]
     if isinstance(nout, str) and nout != AUTO:
-        raise FedriskError(f'model.num_outputs = {format_value(nout)} is not allowed; allowed: "{AUTO}" or an integer >= 1')
+        raise FedriskError(
+            f'model.num_outputs = {format_value(nout)} is not allowed; allowed: "{AUTO}" or an integer >= 1'
+        )
     if isinstance(nout, int):
         check_range("model.num_outputs", nout, 1)
     extra = {k: v for k, v in table.items() if k not in schema}
@@ -741,7 +877,7 @@ def _resolve_algorithm(table: Mapping[str, Any]) -> dict[str, Any]:
     for key in table:
         if key not in valid:
             if key in schema:
-                what = "an aggregator" if key == "aggregator" else "a server optimiser"
+                what = "aggregator" if key == "aggregator" else "server optimiser"
                 raise FedriskError(
                     f"algorithm.{key} is not allowed for algorithm {name!r} (it has no {what}); "
                     f"valid keys in [algorithm]: {', '.join(sorted(valid))}"
@@ -776,8 +912,10 @@ def _resolve_aggregator(value: Any, cls: type, field_name: str) -> Any:
         name, options = value, {}
     elif isinstance(value, Mapping):
         if "name" not in value:
-            raise FedriskError("algorithm.aggregator table needs a name, e.g. aggregator = {name = \"median\"}; "
-                               f"valid choices: {', '.join(AGGREGATORS.names())}")
+            raise FedriskError(
+                'algorithm.aggregator table needs a name, e.g. aggregator = {name = "median"}; '
+                f"valid choices: {', '.join(AGGREGATORS.names())}"
+            )
         name, options = value["name"], {k: v for k, v in value.items() if k != "name"}
     else:
         raise FedriskError(
@@ -802,7 +940,7 @@ def _precheck_algorithm(cls: type, hyper: Mapping[str, Any], fields: AlgorithmFi
         cls(**kwargs)
     except FedriskError as exc:
         raise FedriskError(f"[algorithm] {hyper['name']}: {exc}") from None
-    except Exception:  # noqa: BLE001 - checks that need a real model are repeated at build time
+    except Exception:
         pass
 
 
@@ -838,7 +976,8 @@ def _resolve_attack(table: Mapping[str, Any], num_clients: int) -> dict[str, Any
     bad = [k for k in ids if not 0 <= k < num_clients]
     if bad or len(set(ids)) != len(ids):
         raise FedriskError(
-            f"attack.byzantine = {format_value(ids)} is not allowed; allowed: distinct client ids in [0, {num_clients - 1}]"
+            f"attack.byzantine = {format_value(ids)} is not allowed; "
+            f"allowed: distinct client ids in [0, {num_clients - 1}]"
         )
     if not ids:
         raise FedriskError("[attack] needs Byzantine clients: set byzantine = [ids] or num_byzantine = N")
@@ -864,7 +1003,7 @@ def _resolve_run(table: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str,
     if "validation" in out["splits"] and data["validation_fraction"] <= 0:
         raise FedriskError(
             'run.splits includes "validation" but data.validation_fraction = 0.0; allowed: set '
-            "data.validation_fraction in (0, 1) or evaluate on [\"test\"] only"
+            'data.validation_fraction in (0, 1) or evaluate on ["test"] only'
         )
     if len(set(out["seeds"])) != len(out["seeds"]) or any(s < 0 for s in out["seeds"]):
         raise FedriskError(f"run.seeds = {format_value(out['seeds'])} is not allowed; allowed: distinct integers >= 0")
@@ -906,3 +1045,43 @@ def resolve_seeds(spec: int | Sequence[int], base: int = 0) -> list[int]:
 
 def write_toml(path: str | Path, data: Mapping[str, Any]) -> None:
     Path(path).write_text(tomli_w.dumps(to_toml_value(dict(data))))
+
+
+# ============================================================================= reference
+
+
+def _allowed_text(o: Option) -> str:
+    if isinstance(o.choices, str):
+        return f"`fedrisk list {o.choices}`"
+    if o.choices:
+        return ", ".join(f'"{c}"' for c in o.choices)
+    if o.low is None and o.high is None:
+        return ""
+    lb = "[" if o.low_inclusive and o.low is not None else "("
+    rb = "]" if o.high_inclusive and o.high is not None else ")"
+    lo = "-inf" if o.low is None else repr(o.low)
+    hi = "inf" if o.high is None else repr(o.high)
+    return f"{lb}{lo}, {hi}{rb}"
+
+
+def reference_markdown() -> str:
+    """The key tables of ``docs/config-reference.md``, generated from :data:`SCHEMA` (a test
+    checks that the document contains exactly this text)."""
+    blocks = []
+    for section, options in SCHEMA.items():
+        title = "top level" if not section else f"[{section}]"
+        lines = [f"### {title}", "", "| key | type | default | allowed | description |", "|---|---|---|---|---|"]
+        for o in options:
+            if o.default is REQUIRED:
+                default = "(required)"
+            elif o.type == "table" and o.default is None:
+                default = "(absent)"
+            elif isinstance(o.default, str) and o.default.startswith("("):
+                default = o.default
+            else:
+                default = f"`{format_value(o.default)}`"
+            doc = o.doc.replace("|", "\\|")
+            kind = o.spec.short().replace(" | ", " or ")
+            lines.append(f"| `{o.key}` | {kind} | {default} | {_allowed_text(o)} | {doc} |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"

@@ -36,9 +36,7 @@ class Curve:
 def run_curve(run: RunData, label: str = "") -> Curve:
     """The curves of a single run (std 0)."""
     recs = run.records
-    values = {
-        m: ([float(r.get(m, math.nan)) for r in recs], [0.0] * len(recs)) for m in run.metric_names
-    }
+    values = {m: ([float(r.get(m, math.nan)) for r in recs], [0.0] * len(recs)) for m in run.metric_names}
     mb = [(r.get("bytes_down", 0) + r.get("bytes_up", 0)) / MB for r in recs]
     return Curve(label or run.path.name, [int(r["round"]) for r in recs], mb, values)
 
@@ -74,7 +72,7 @@ def plot_curves(curves: Sequence[Curve], metrics: Sequence[str], out_dir: str | 
             ax.set_title(metric)
             ax.set_xlabel(xlabel)
             ax.grid(alpha=0.3)
-        for ax in list(axes.flat)[len(metrics):]:
+        for ax in list(axes.flat)[len(metrics) :]:
             ax.set_visible(False)
         if len(curves) > 1 or curves[0].label:
             axes.flat[0].legend(fontsize="small")

@@ -39,7 +39,7 @@ def format_duration(seconds: float | None) -> str:
     """
     if seconds is None or seconds != seconds or seconds < 0:
         return "--:--"
-    s = int(round(seconds))
+    s = round(seconds)
     h, rem = divmod(s, 3600)
     m, sec = divmod(rem, 60)
     return f"{h}:{m:02d}:{sec:02d}" if h else f"{m:02d}:{sec:02d}"
@@ -130,7 +130,8 @@ class Progress(Callback):
         if self.mode == "bar":
             self._draw()
         elif self.mode == "plain":
-            parts = [f"{self._prefix()}round {self._round}/{self.total}", f"elapsed {format_duration(self.elapsed())}"]
+            elapsed = record.get("wall_time", self.elapsed())
+            parts = [f"{self._prefix()}round {self._round}/{self.total}", f"elapsed {format_duration(elapsed)}"]
             if self._round < self.total:
                 parts.append(f"eta {format_duration(self.eta())}")
             metrics = " ".join(f"{k}={format_number(v)}" for k, v in self._latest.items())
@@ -162,7 +163,7 @@ class Progress(Callback):
         full, empty = self._glyphs
         frac = min(max(self._round / self.total, 0.0), 1.0) if self.total else 1.0
         cells = 20
-        filled = int(round(frac * cells))
+        filled = round(frac * cells)
         bar = full * filled + empty * (cells - filled)
         eta = "" if self._round >= self.total else f"<{format_duration(self.eta())}"
         text = f"{self._prefix()}{bar} {self._round}/{self.total} {format_duration(self.elapsed())}{eta}"

@@ -12,8 +12,8 @@ tabulate final and best metrics as mean ± std over seeds, and plot one curve pe
 * Curves average over seeds at the rounds every seed evaluated.
 
 Example:
-    >>> mean_std([0.5, 0.7])
-    (0.6, 0.1414213562373095)
+    >>> [round(v, 6) for v in mean_std([0.5, 0.7])]
+    [0.6, 0.141421]
     >>> format_mean_std([0.5, 0.7]), format_mean_std([0.5])
     ('0.6000 ± 0.1414', '0.5000')
 """
@@ -85,9 +85,7 @@ def group_runs(runs: Sequence[RunData]) -> list[Group]:
 
 
 def _label(groups: list[Group]) -> None:
-    differing = sorted(
-        {k for g in groups for k in g.config if any(g.config.get(k) != h.config.get(k) for h in groups)}
-    )
+    differing = sorted({k for g in groups for k in g.config if any(g.config.get(k) != h.config.get(k) for h in groups)})
     for g in groups:
         parents = {r.path.parent for r in g.runs}
         if len(parents) == 1 and all(_SEED_DIR.match(r.path.name) for r in g.runs):

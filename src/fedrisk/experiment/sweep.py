@@ -85,6 +85,8 @@ def toml_literal(value: Any) -> str:
         >>> toml_literal({"name": "median"}), toml_literal([1, 2.5]), toml_literal("a/b")
         ('{name = "median"}', '[1, 2.5]', '"a/b"')
     """
+    if value is None:
+        return '"none"'
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
@@ -122,15 +124,18 @@ def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
         >>> parse_grid(["algorithm.lr=0.01,0.1", "model.hidden=[64],[64,32]"])
         {'algorithm.lr': [0.01, 0.1], 'model.hidden': [[64], [64, 32]]}
     """
-    from fedrisk.experiment.config import parse_assignment, parse_literal
+    from fedrisk.experiment.config import parse_literal
 
     grid: dict[str, list[Any]] = {}
     for item in items:
-        key, _ = parse_assignment(item.split("=", 1)[0] + "=0", "--grid")
-        text = item.split("=", 1)[1]
+        key, sep, text = item.partition("=")
+        key = key.strip()
         parts = _split_top(text)
-        if not parts or any(not p.strip() for p in parts):
-            raise FedriskError(f"--grid expects key=v1,v2,... with non-empty values; got {item!r}")
+        if not sep or not key or any(not k for k in key.split(".")) or any(not p.strip() for p in parts):
+            raise FedriskError(
+                f"--grid expects key=v1,v2,... with a dotted key and non-empty values "
+                f"(e.g. algorithm.lr=0.01,0.1); got {item!r}"
+            )
         grid[key] = [parse_literal(p.strip()) for p in parts]
     return grid
 
@@ -172,12 +177,14 @@ def expand_sweep(
     for name, over in variants.items():
         both = sorted(set(over) & set(grid))
         if both:
-            raise FedriskError(f"sweep: {', '.join(both)} set both by variant {name!r} and by the grid; set it in one place")
+            raise FedriskError(
+                f"sweep: {', '.join(both)} set both by variant {name!r} and by the grid; set it in one place"
+            )
     keys = list(grid)
     combos = list(itertools.product(*(grid[k] for k in keys))) if keys else [()]
     points: list[SweepPoint] = []
     seen: dict[str, dict[str, Any]] = {}
-    for vname, vover in (variants.items() if variants else [("", {})]):
+    for vname, vover in variants.items() if variants else [("", {})]:
         for combo in combos:
             over = {**vover, **dict(zip(keys, combo))}
             label = ",".join(([vname] if vname else []) + [f"{k}={label_value(v)}" for k, v in zip(keys, combo)])
@@ -236,12 +243,16 @@ def run_sweep(
         failed = _run_sequential(todo, len(points), progress, stream, echo)
     else:
         failed = _run_parallel(todo, len(points), out, jobs, cfg, echo)
-    done = [p.path for p in points if RunDir(p.path).metrics.is_file() and RunDir(p.path).config.is_file()]
+    done = [p.path for p in points if _has_records(RunDir(p.path))]
     report = make_report(done, out=out) if done else None
     return SweepResult(points, skipped, failed, report)
 
 
-def _write_sweep_config(cfg, out, grid, variants, seeds) -> None:  # noqa: ANN001
+def _has_records(rd: RunDir) -> bool:
+    return rd.config.is_file() and rd.metrics.is_file() and rd.metrics.stat().st_size > 0
+
+
+def _write_sweep_config(cfg, out, grid, variants, seeds) -> None:
     raw = dict(cfg.raw)
     raw["sweep"] = {
         **dict(raw.get("sweep", {})),
@@ -249,8 +260,10 @@ def _write_sweep_config(cfg, out, grid, variants, seeds) -> None:  # noqa: ANN00
         "grid": {k: list(v) for k, v in (grid or {}).items()},
         "variants": {k: dict(v) for k, v in (variants or {}).items()},
     }
-    atomic_write_text(out / SWEEP_CONFIG, "# The sweep as run (base config, grid, variants, seeds)\n"
-                      + tomli_w.dumps(to_toml_value(raw)))
+    atomic_write_text(
+        out / SWEEP_CONFIG,
+        "# The sweep as run (base config, grid, variants, seeds)\n" + tomli_w.dumps(to_toml_value(raw)),
+    )
 
 
 def _mode(p: SweepPoint) -> dict[str, bool]:
@@ -269,7 +282,7 @@ def _final_line(p: SweepPoint) -> str:
     return " ".join(f"{k}={format_number(v)}" for k, v in summary.get("final", {}).items())
 
 
-def _run_sequential(todo: list[SweepPoint], total: int, progress: str, stream: TextIO, echo) -> list:  # noqa: ANN001
+def _run_sequential(todo: list[SweepPoint], total: int, progress: str, stream: TextIO, echo) -> list:
     failed = []
     for i, p in enumerate(todo, 1):
         mode = _mode(p)
@@ -285,7 +298,7 @@ def _run_sequential(todo: list[SweepPoint], total: int, progress: str, stream: T
     return failed
 
 
-def _run_parallel(todo, total, out, jobs, cfg, echo) -> list:  # noqa: ANN001
+def _run_parallel(todo, total, out, jobs, cfg, echo) -> list:
     threads = max(1, (os.cpu_count() or 1) // jobs)
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)

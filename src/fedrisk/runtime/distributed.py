@@ -78,7 +78,6 @@ import os
 import socket
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -112,8 +111,8 @@ def shard_of(client: int, world_size: int) -> int:
 def shard_clients(clients: Sequence[int], rank: int, world_size: int) -> list[int]:
     """The clients of ``clients`` that ``rank`` runs.
 
-    >>> shard_clients([0, 2, 3, 5, 8], rank=1, world_size=3)
-    [5, 8]
+    >>> shard_clients([0, 2, 3, 5, 8], rank=2, world_size=3)
+    [2, 5, 8]
     """
     return [k for k in clients if shard_of(k, world_size) == rank]
 
@@ -126,41 +125,50 @@ def free_port() -> int:
 
 
 # -- packing trees into one byte buffer ------------------------------------------------------
-@dataclass(frozen=True)
-class _Leaf:
-    """A tensor leaf's place in a packed buffer (a pytree leaf itself: not a registered node)."""
+_TENSOR = ...
+"""Marks a tensor's place in a skeleton: a pytree leaf that pickles by reference (no custom
+class travels between processes)."""
 
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    nbytes: int
+LeafMeta = tuple[torch.dtype, tuple[int, ...], int]
+Skeleton = tuple[Tree, list[LeafMeta]]
+"""A tree with its tensors replaced by ``_TENSOR``, and each tensor's (dtype, shape, bytes)."""
 
 
-def _skeleton(tree: Tree, chunks: list[Tensor] | None = None) -> Tree:
-    """``tree`` with every tensor replaced by a :class:`_Leaf`; the tensors' bytes go to ``chunks``."""
+def _skeleton(tree: Tree, chunks: list[Tensor] | None = None) -> Skeleton:
+    """The skeleton of ``tree``; the tensors' raw bytes are appended to ``chunks`` (if given)."""
+    metas: list[LeafMeta] = []
 
     def leaf(x: Any) -> Any:
         if not isinstance(x, Tensor):
             return x
         if chunks is not None:
             chunks.append(x.detach().contiguous().reshape(-1).view(torch.uint8))
-        return _Leaf(x.dtype, tuple(x.shape), x.numel() * x.element_size())
+        metas.append((x.dtype, tuple(x.shape), x.numel() * x.element_size()))
+        return _TENSOR
 
-    return tree_map(leaf, tree)
+    return tree_map(leaf, tree), metas
 
 
-def _unpack(skeleton: Tree, buffer: Tensor, offset: int, device: torch.device) -> tuple[Tree, int]:
+def _fill(skeleton: Skeleton, make: Callable[[torch.dtype, tuple[int, ...], int], Tensor]) -> Tree:
+    """The tree of ``skeleton`` with ``make(dtype, shape, nbytes)`` at every tensor's place."""
+    structure, metas = skeleton
+    if not metas:  # nothing to fill (e.g. FedAvg's empty client states)
+        return structure
+    todo = iter(metas)
+    return tree_map(lambda x: make(*next(todo)) if x is _TENSOR else x, structure)
+
+
+def _unpack(skeleton: Skeleton, buffer: Tensor, offset: int, device: torch.device) -> tuple[Tree, int]:
     """Rebuild the tree of ``skeleton`` from ``buffer[offset:]``; returns it and the new offset."""
     pos = offset
 
-    def leaf(x: Any) -> Any:
+    def make(dtype: torch.dtype, shape: tuple[int, ...], nbytes: int) -> Tensor:
         nonlocal pos
-        if not isinstance(x, _Leaf):
-            return x
-        raw = buffer[pos : pos + x.nbytes].to(device, copy=True)  # own storage, offset 0
-        pos += x.nbytes
-        return raw.view(x.dtype).reshape(x.shape)
+        raw = buffer[pos : pos + nbytes].to(device, copy=True)  # own storage at offset 0
+        pos += nbytes
+        return raw.view(dtype).reshape(shape)
 
-    return tree_map(leaf, skeleton), pos
+    return _fill(skeleton, make), pos
 
 
 def _digest(plan: RoundPlan) -> str:
@@ -174,8 +182,21 @@ def _digest(plan: RoundPlan) -> str:
     return h.hexdigest()
 
 
-def _to_cpu(x: Any) -> Any:
-    return x.detach().to("cpu") if isinstance(x, Tensor) else x
+def _metric_out(x: Any) -> Any:
+    """A metric to send: a one-element tensor as (Python number, dtype, shape) — pickling tensors
+    one by one costs far more — anything else as is (tensors moved to the CPU)."""
+    if isinstance(x, Tensor):
+        if x.numel() == 1:
+            return (x.item(), x.dtype, tuple(x.shape))
+        return x.detach().to("cpu")
+    return x
+
+
+def _metric_in(x: Any) -> Any:
+    """Inverse of :func:`_metric_out` (exact: the number is the tensor's value)."""
+    if isinstance(x, tuple) and len(x) == 3 and isinstance(x[1], torch.dtype):
+        return torch.tensor(x[0], dtype=x[1]).reshape(x[2])
+    return x
 
 
 def _home_device(plan: RoundPlan) -> torch.device:
@@ -189,8 +210,8 @@ class DistributedExecutor(Executor):
     """Runs each rank's shard of the clients and reduces the replies with ``torch.distributed``.
 
     Args:
-        backend: ``"gloo"`` or ``"nccl"``; None picks NCCL when CUDA is available, else gloo.
-            Ignored when a process group already exists (e.g. created by Ray Train).
+        backend: ``"gloo"`` or ``"nccl"``; None picks NCCL when the clients' data are on a GPU,
+            else gloo.  Ignored when a process group already exists (e.g. created by Ray Train).
         local: how a rank runs its own clients: ``"sequential"`` (default), ``"vectorized"``
             (``torch.func.vmap`` over the shard) or an :class:`Executor` instance.
         check_replicas: hash every round's plan (clients, kind, payload bytes) on every rank and
@@ -240,10 +261,15 @@ class DistributedExecutor(Executor):
         """True on rank 0, the process that writes logs, metrics and checkpoints."""
         return self.rank == 0
 
-    def _init_process_group(self) -> None:
+    def _init_process_group(self, data_device: torch.device | None = None) -> None:
+        """Join the existing process group, or create one from torchrun's environment.
+
+        Backend when none was given: NCCL when the data live on a GPU (or, before the data are
+        known, when CUDA is available), else gloo — collectives then run where the tensors are.
+        """
         if not dist.is_available():
             raise FedriskError("executor 'distributed' needs a PyTorch build with torch.distributed")
-        if dist.is_initialized():  # torchrun script that made its own group, Ray Train, a sweep
+        if dist.is_initialized():  # a second simulation in this process, a helper call, Ray Train
             self._comm_device = _comm_device(dist.get_backend())
             return
         missing = [v for v in TORCHRUN_ENV if v not in os.environ]
@@ -253,7 +279,8 @@ class DistributedExecutor(Executor):
                 f"variables {', '.join(missing)}); run for example\n    {LAUNCH_COMMAND}\n"
                 "(see docs/distributed.md for several machines and Ray Train)"
             )
-        backend = self.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        on_gpu = data_device.type == "cuda" if data_device is not None else torch.cuda.is_available()
+        backend = self.backend or ("nccl" if on_gpu else "gloo")
         if backend == "nccl":
             if not torch.cuda.is_available():
                 raise FedriskError(
@@ -302,7 +329,7 @@ class DistributedExecutor(Executor):
     # -- the executor contract ------------------------------------------------------------
     def prepare(self, algorithm: Algorithm, data: Sequence[LocalData]) -> None:
         """Join the process group, check the world against the federation, prepare the local executor."""
-        self._init_process_group()
+        self._init_process_group(data[0].x.device if data else None)
         world, num_clients = self.world_size, len(data)
         if world > num_clients:
             raise FedriskError(
@@ -366,8 +393,9 @@ class DistributedExecutor(Executor):
                 else:  # 'skip': the local executor raises only when every local client failed
                     failed = {k: str(exc) for k in mine}
             except Exception as exc:  # exchanged below so that no rank waits forever
-                user = isinstance(exc, FedriskError)
-                error, original = (type(exc).__name__, f"{exc}\n{traceback.format_exc()}", user), exc
+                user = isinstance(exc, FedriskError)  # a user error: its message; a bug: its traceback
+                message = str(exc) if user else f"{exc!r}\n{traceback.format_exc()}"
+                error, original = (type(exc).__name__, message, user), exc
             else:
                 local_replies, new_states, metrics, failed = out.replies, out.states, out.metrics, out.failed
         ok = list(local_replies.clients) if local_replies is not None else []
@@ -375,9 +403,9 @@ class DistributedExecutor(Executor):
         info = {
             "ok": ok,
             "failed": failed,
-            "metrics": {k: {n: _to_cpu(v) for n, v in m.items()} for k, m in metrics.items()},
+            "metrics": {k: {n: _metric_out(v) for n, v in m.items()} for k, m in metrics.items()},
             "nbytes": {k: tree_nbytes(r) for k, r in replies_dict.items()},
-            "spec": _skeleton(replies_dict[ok[0]]) if ok else None,
+            "spec": {key: _skeleton(v) for key, v in replies_dict[ok[0]].items()} if ok else None,
             "plan": _digest(plan) if self.check_replicas else (plan.kind, tuple(plan.clients)),
             "error": error,
         }
@@ -401,7 +429,9 @@ class DistributedExecutor(Executor):
         if not owners:
             raise ClientFailure(f"every client failed in round {ctx.round}: {dict(sorted(all_failed.items()))}")
         all_states = {k: new_states[k] if k in new_states else gathered[k] for k in sorted(owners)}
-        all_metrics = {k: m for k in sorted(owners) for m in [infos[owners[k]]["metrics"][k]]}
+        all_metrics = {
+            k: {n: _metric_in(v) for n, v in infos[owners[k]]["metrics"][k].items()} for k in sorted(owners)
+        }
         replies = DistributedReplies(
             self,
             local_replies if ok else None,
@@ -515,29 +545,27 @@ class DistributedReplies(Replies):
         return self._spec[key]
 
     def sum(self, key: str, weights: Mapping[int, float] | None = None) -> Tree:
-        spec = self._key_spec(key)
+        skeleton = self._key_spec(key)
 
-        # Reduction dtype of a leaf, decided from the shared spec so that every rank agrees:
-        # the reply's dtype, except that a weighted sum of an integer leaf is floating (as
-        # ``w * x`` makes it; the sequential executor keeps integers when every w == 1.0).
-        def reduction_dtype(leaf: _Leaf) -> torch.dtype:
-            if weights is None or leaf.dtype.is_floating_point or leaf.dtype.is_complex:
-                return leaf.dtype
-            return torch.promote_types(leaf.dtype, torch.get_default_dtype())
+        # The reduction dtype of each leaf is decided from the shared skeleton so that every
+        # rank agrees: the reply's dtype, except that a weighted sum of an integer leaf is
+        # floating (as ``w * x`` makes it; the sequential executor keeps integers when every
+        # weight is exactly 1.0 - the one case where the dtypes of the two executors differ).
+        def reduction_dtype(dtype: torch.dtype) -> torch.dtype:
+            if weights is None or dtype.is_floating_point or dtype.is_complex:
+                return dtype
+            return torch.promote_types(dtype, torch.get_default_dtype())
 
-        def zeros(leaf: Any) -> Any:
-            if not isinstance(leaf, _Leaf):
-                return leaf
-            return torch.zeros(leaf.shape, dtype=reduction_dtype(leaf), device=self._device)
-
+        dtypes = [reduction_dtype(dtype) for dtype, _, _ in skeleton[1]]
         if self._local is not None:
-            local = self._local.sum(key, weights)
-            local = tree_map(lambda x, leaf: x.to(reduction_dtype(leaf)) if isinstance(leaf, _Leaf) else x, local, spec)
-        else:  # this rank has no replying client this round: contribute zeros
-            local = tree_map(zeros, spec)
-        leaves = tensor_leaves(local)
+            tree = self._local.sum(key, weights)
+            leaves = [x.to(d) for x, d in zip(tensor_leaves(tree), dtypes)]
+        else:  # this rank has no replying client this round: it contributes zeros
+            todo = iter(dtypes)
+            tree = _fill(skeleton, lambda _, shape, __: torch.zeros(shape, dtype=next(todo), device=self._device))
+            leaves = tensor_leaves(tree)
         reduced = iter(self._executor._all_reduce_leaves(leaves))
-        return tree_map(lambda x: next(reduced) if isinstance(x, Tensor) else x, local)
+        return tree_map(lambda x: next(reduced) if isinstance(x, Tensor) else x, tree)
 
     def as_dict(self) -> dict[int, dict[str, Any]]:
         if self._all is None:

@@ -70,7 +70,8 @@ convolutional models are *not* estimated beyond that: for such models lower the 
 **Threads.**  The executor never changes torch's global thread settings.  Loops of many small
 operations (the sequential executor on small models) run fastest with
 ``torch.set_num_threads(1)``; the batched kernels of this executor gain from 2 or more threads
-when the blocks are large.  Set the number of threads in the calling program.
+when the blocks are large.  Set the number of threads in the calling program.  The first
+vmapped gradient in a process pays a one-off lazy import inside torch (about 2 s on CPU).
 
 **Memory.**  :meth:`VectorizedExecutor.prepare` concatenates every client's training rows into
 one store (one extra copy of the training data); per block only the block's clients are
@@ -366,10 +367,11 @@ class VectorizedExecutor(Executor):
         self._store = _ClientStore.build(data)
         self._data_ref = data
 
-    def _store_for(self, algorithm: Algorithm, data: Sequence[LocalData]) -> _ClientStore:
+    def _store_of(self, data: Sequence[LocalData]) -> _ClientStore:
+        """The concatenated store of ``data`` (built again if ``data`` is not the prepared list)."""
         if self._store is None or self._data_ref is not data:
-            self.prepare(algorithm, data)
-        assert self._store is not None
+            self._store = _ClientStore.build(data)
+            self._data_ref = data
         return self._store
 
     # -- block size -------------------------------------------------------------------------
@@ -383,9 +385,9 @@ class VectorizedExecutor(Executor):
             return 1
         k0 = plan.clients[0]
         model = tree_nbytes(plan.payload(k0)) + tree_nbytes(states[k0])
-        n_max = max(int(data[k].size) for k in plan.clients)
-        store = self._store
-        row = store.row_bytes if store is not None else 0
+        store = self._store_of(data)
+        n_max = max(store.sizes[k] for k in plan.clients)
+        row = store.row_bytes
         return max(1, PARAM_COPIES * model + DATA_COPIES * n_max * row)
 
     def block_size_for(self, plan: RoundPlan, states: Mapping[int, Tree], data: Sequence[LocalData]) -> int:
@@ -408,7 +410,8 @@ class VectorizedExecutor(Executor):
         seed: int,
         on_failure: str = "raise",
     ) -> RoundOutput:
-        store = self._store_for(algorithm, data)
+        check_vectorizable(algorithm)
+        store = self._store_of(data)
         size = self.block_size_for(plan, states, data)
         chunks: list[_Chunk] = []
         failed: dict[int, str] = {}
@@ -473,7 +476,11 @@ class VectorizedExecutor(Executor):
                 leaves, spec = pytree.tree_flatten(tree)
                 key = ("pytree", _signature(spec, leaves))
             if key not in groups:
-                groups[key] = ([], [], spec if spec is not None else pytree.tree_flatten(tree)[1])
+                if spec is None:  # one pytree flatten per group: the spec, and a check of the leaf order
+                    ref, spec = pytree.tree_flatten(tree)
+                    if len(ref) != len(leaves) or any(a is not b for a, b in zip(ref, leaves)):
+                        raise RuntimeError("internal error: _fast_flatten disagrees with torch's pytree order")
+                groups[key] = ([], [], spec)
             groups[key][0].append(k)
             groups[key][1].append(leaves)
         # 3. one vmap per group
@@ -551,12 +558,14 @@ def _fast_flatten(tree: Any, leaves: list[Any], structure: list[Any]) -> bool:
     path of a round, several times cheaper than ``pytree.tree_flatten`` plus a spec hash.
     """
     t = type(tree)
-    if t is dict:
-        structure.append(("dict", tuple(tree)))
-        return all(_fast_flatten(v, leaves, structure) for v in tree.values())
-    if t is list or t is tuple:
-        structure.append((t, len(tree)))
-        return all(_fast_flatten(v, leaves, structure) for v in tree)
+    if t is dict or t is list or t is tuple:
+        if t is dict:
+            structure.append(("dict", tuple(tree)))
+            children = tree.values()
+        else:
+            structure.append((t, len(tree)))
+            children = tree
+        return all(_fast_flatten(child, leaves, structure) for child in children)
     if tree is None:
         structure.append(None)
         return True

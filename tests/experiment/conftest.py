@@ -1,0 +1,39 @@
+"""Shared tiny configs for the experiment-layer tests (digits, 3 clients, logreg, few rounds)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+
+TINY: dict[str, Any] = {
+    "data": {"dataset": "digits", "num_clients": 3, "partition": "dirichlet", "partition_options": {"alpha": 0.5}},
+    "model": {"name": "logreg"},
+    "algorithm": {"name": "fedavg", "lr": 0.1, "local_steps": 3, "batch_size": 16},
+    "run": {"rounds": 4, "threads": 1, "checkpoint_every": 2},
+    "output": {"plots": False},
+}
+
+
+@pytest.fixture
+def tiny() -> dict[str, Any]:
+    """A fresh copy of the tiny raw config."""
+    return copy.deepcopy(TINY)
+
+
+def write_config(path: Path, raw: dict[str, Any]) -> Path:
+    path.write_text(tomli_w.dumps(raw))
+    return path
+
+
+def records(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def without_time(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Records without wall_time (the only value allowed to differ between equal runs)."""
+    return [{k: v for k, v in r.items() if k != "wall_time"} for r in recs]

@@ -1,0 +1,156 @@
+"""The command line: commands, exit codes, user-error messages without tracebacks, and a real
+SIGTERM to a ``python -m fedrisk run`` subprocess followed by an exact resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedrisk.cli import main
+from fedrisk.experiment import resolve_config, run_experiment
+
+from .conftest import records, without_time, write_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and "Traceback" not in out
+    return code, out, err
+
+
+@pytest.fixture
+def config(tmp_path, tiny) -> Path:
+    return write_config(tmp_path / "tiny.toml", tiny)
+
+
+def test_run_prints_the_results_table(capsys, config, tmp_path):
+    code, out, err = run_cli(capsys, "run", config, "--out", tmp_path / "r", "--plain", "--set", "run.rounds=2")
+    assert code == 0
+    assert out.startswith("finished fedavg on digits-dirichlet-K3: 2 rounds in ")
+    assert "| metric | final | best (round) |" in out and "| test_accuracy | " in out
+    assert f"outputs in {tmp_path / 'r'}" in out
+    assert [line.split(" | ")[0] for line in err.splitlines()] == ["round 1/2", "round 2/2"]  # plain progress
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--set", "algorithm.lrr=0.1"], "error: unknown key 'algorithm.lrr' (did you mean 'algorithm.lr'?)"),
+        (["--set", "algorithm.name=fedav"], "error: algorithm.name = \"fedav\" is not a known name (did you mean"),
+        (["--set", "run.rounds=-1"], "error: run.rounds = -1 is out of range; allowed: [1, inf)"),
+        (["--set", "run.rounds=many"], 'error: run.rounds = "many" has the wrong type; allowed: an integer'),
+        (["--set", "rounds"], "error: --set expects key=value with a dotted key"),
+        (["--set", "data.dataset_options.flaten=true"], "error: unknown key 'data.dataset_options.flaten' (did"),
+    ],
+)
+def test_bad_config_input_is_one_error_line(capsys, config, tmp_path, argv, message):
+    code, out, err = run_cli(capsys, "run", config, "--out", tmp_path / "r", *argv)
+    assert code == 2
+    assert err.startswith(message)
+    assert not (tmp_path / "r").exists()  # validated before anything was written
+
+
+def test_run_directory_errors(capsys, config, tmp_path):
+    d = tmp_path / "r"
+    assert run_cli(capsys, "run", config, "--out", d, "--quiet", "--set", "run.rounds=1")[0] == 0
+    code, _, err = run_cli(capsys, "run", config, "--out", d, "--quiet", "--set", "run.rounds=1")
+    assert code == 2 and err == (
+        f"error: {d} already holds a finished run; choose another --out or pass --overwrite to replace it\n"
+    )
+    assert run_cli(capsys, "run", config, "--out", d, "--quiet", "--set", "run.rounds=1", "--overwrite")[0] == 0
+    code, _, err = run_cli(capsys, "run", config, "--out", tmp_path / "empty", "--resume")
+    assert code == 2 and "holds no checkpoint (checkpoint.pt); nothing to resume" in err
+    code, _, err = run_cli(capsys, "run", tmp_path / "missing.toml")
+    assert code == 2 and err.startswith("error: config file ") and "does not exist" in err
+
+
+def test_argparse_errors_exit_2(capsys):
+    assert main(["run"]) == 2
+    assert "the following arguments are required: CONFIG" in capsys.readouterr().err
+    assert main(["run", "x.toml", "--resume", "--overwrite"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+    assert main(["frobnicate"]) == 2
+    capsys.readouterr()
+
+
+def test_list(capsys):
+    code, out, _ = run_cli(capsys, "list")
+    assert code == 0
+    for kind in ("algorithms", "datasets", "partitioners", "models", "aggregators", "objectives", "executors"):
+        assert f"\n{kind}\n" in f"\n{out}"
+    assert "  fedavg " in out and "  dirichlet " in out and "  logreg " in out and "  weighted_mean " in out
+    code, out, _ = run_cli(capsys, "list", "algorithms", "scaffold")
+    assert code == 0 and out.startswith("scaffold: SCAFFOLD")
+    assert "  control_option     str" in out and 'default "II"' in out
+    code, out, _ = run_cli(capsys, "list", "partitioner", "dirichlet")
+    assert "alpha      float  default 0.5" in out
+    code, _, err = run_cli(capsys, "list", "algoritms")
+    assert code == 2 and err.startswith("error: unknown kind 'algoritms'. Did you mean 'algorithms'?")
+    code, _, err = run_cli(capsys, "list", "models", "resnet")
+    assert code == 2 and "Did you mean 'resnet20'?" in err
+
+
+def test_sweep_and_report_errors(capsys, config, tmp_path):
+    code, _, err = run_cli(capsys, "sweep", config, "--seeds", "two")
+    assert code == 2 and err.startswith("error: --seeds = 'two' is not allowed; allowed: a count N >= 1")
+    code, _, err = run_cli(capsys, "sweep", config, "--grid", "algorithm.lr")
+    assert code == 2 and err.startswith("error: --grid expects key=v1,v2,... with a dotted key") and "got 'algorithm.lr'" in err
+    code, _, err = run_cli(capsys, "sweep", config, "--grid", "algorithm.lrr=0.1,0.2", "--out", tmp_path / "s")
+    assert code == 2 and "sweep point algorithm.lrr=0.1 seed=0: unknown key 'algorithm.lrr'" in err
+    code, _, err = run_cli(capsys, "sweep", config, "--jobs", "0")
+    assert code == 2 and err == "error: --jobs = 0 is out of range; allowed: [1, inf)\n"
+    code, _, err = run_cli(capsys, "report", tmp_path)
+    assert code == 2 and err.startswith("error: no run directories (with config.toml and metrics.jsonl) at or below")
+    code, _, err = run_cli(capsys, "report", tmp_path / "nope")
+    assert code == 2 and "does not exist" in err
+
+
+def test_run_with_several_seeds_runs_each(capsys, config, tmp_path):
+    code, out, _ = run_cli(capsys, "run", config, "--out", tmp_path / "m", "--quiet", "--set", "run.rounds=1",
+                           "--set", "run.seeds=[0, 1]")
+    assert code == 0
+    assert (tmp_path / "m" / "seed=0" / "summary.json").is_file() and (tmp_path / "m" / "seed=1" / "summary.json").is_file()
+    assert "| fedavg | 2 | 1 |" in out
+
+
+def test_sigterm_to_a_subprocess_then_resume_is_exact(tmp_path, tiny):
+    """A real SIGTERM to `python -m fedrisk run`: exit 143 with a checkpoint, then --resume ends
+    with exactly the metrics of an uninterrupted run."""
+    tiny["model"] = {"name": "mlp", "hidden": [16]}
+    tiny["algorithm"].update({"local_steps": 150, "batch_size": 32})
+    tiny["run"].update({"rounds": 6, "checkpoint_every": 0})
+    config = write_config(tmp_path / "slow.toml", tiny)
+    out = tmp_path / "part"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedrisk", "run", str(config), "--out", str(out), "--plain"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if (out / "metrics.jsonl").is_file() and len(records(out)) >= 2:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    assert "SIGTERM received: finishing the current round" in stderr
+    stopped = len(records(out))
+    assert 2 <= stopped < 6
+    assert f"SIGTERM received: stopped after round {stopped}; checkpoint written to {out / 'checkpoint.pt'}" in stderr
+    assert f"Continue with: fedrisk run {out / 'config.toml'} --out {out} --resume" in stderr
+    assert "Traceback" not in stderr
+
+    # resume from the run's own resolved config, as the message says
+    assert main(["run", str(out / "config.toml"), "--out", str(out), "--resume", "--quiet"]) == 0
+    full = run_experiment(resolve_config(tiny), tmp_path / "full", progress="none")
+    assert without_time(records(out)) == without_time(full.history.records)

@@ -1,0 +1,202 @@
+"""The runner: outputs, checkpoints, exact resume after SIGTERM / SIGINT / a crash, and the
+refusals around run directories."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+import torch
+
+from fedrisk.errors import FedriskError
+from fedrisk.experiment import RunDir, RunInterrupted, load_config, resolve_config, run_experiment
+from fedrisk.experiment.progress import Progress
+from fedrisk.experiment.runner import SignalGuard, build_simulation, load_checkpoint
+
+from .conftest import records, without_time
+
+
+def interrupt_at(monkeypatch, round_: int, signum: int = signal.SIGTERM) -> None:
+    """Deliver a real ``signum`` to this process right after round ``round_`` (before its
+    evaluation and checkpoint hooks run)."""
+    original = Progress.on_round_end
+
+    def hook(self, sim, report):
+        original(self, sim, report)
+        if sim.round == round_:
+            signal.raise_signal(signum)
+
+    monkeypatch.setattr(Progress, "on_round_end", hook)
+
+
+def crash_at(monkeypatch, round_: int) -> None:
+    """A hard failure (no checkpoint on the way out) after round ``round_``."""
+    original = Progress.on_round_end
+
+    def hook(self, sim, report):
+        original(self, sim, report)
+        if sim.round == round_:
+            raise RuntimeError("simulated crash")
+
+    monkeypatch.setattr(Progress, "on_round_end", hook)
+
+
+def test_run_writes_every_output(tiny, tmp_path):
+    tiny["output"]["plots"] = True
+    cfg = resolve_config(tiny)
+    result = run_experiment(cfg, tmp_path / "run", progress="none")
+    rd = RunDir(result.path)
+    recs = records(rd.path)
+    assert [r["round"] for r in recs] == [1, 2, 3, 4]
+    assert set(recs[0]) == {"round", "test_accuracy", "bytes_down", "bytes_up", "wall_time"}
+    # 3 clients x 650 float32 parameters of logreg(64 -> 10) down and up every round
+    assert [r["bytes_down"] for r in recs] == [3 * 650 * 4 * k for k in (1, 2, 3, 4)]
+    assert recs[-1]["bytes_up"] == recs[-1]["bytes_down"]
+    summary = json.loads(rd.summary.read_text())
+    assert summary["status"] == "finished" and summary["rounds"] == 4
+    assert summary["final"] == {"test_accuracy": recs[-1]["test_accuracy"]}
+    best = max(recs, key=lambda r: r["test_accuracy"])
+    assert summary["best"]["test_accuracy"]["value"] == best["test_accuracy"]
+    assert summary["resolved"]["num_outputs"] == 10 and summary["resolved"]["objective"] == "cross_entropy"
+    assert load_config(rd.config).semantic() == cfg.semantic()
+    part = json.loads(rd.partition_json.read_text())
+    fed = build_simulation(cfg).simulation.federation
+    assert part["counts"] == fed.class_counts() and sum(part["sizes"]) == sum(fed.client_sizes)
+    assert rd.partition_md.read_text().startswith("# Partition: digits-dirichlet-K3")
+    ckpt = load_checkpoint(rd.checkpoint)
+    assert ckpt["round"] == 4 and len(ckpt["history"]) == 4
+    assert sorted(p.name for p in rd.plots.iterdir()) == ["metrics_vs_bytes.png", "metrics_vs_round.png"]
+    assert not [p for p in rd.path.iterdir() if p.name.endswith(".tmp")]  # atomic writes leave no temp files
+
+
+def test_auto_metrics_and_one_output_scorer(tmp_path):
+    raw = {
+        "data": {"dataset": "breast_cancer", "num_clients": 2},
+        "algorithm": {"name": "codaplus", "stage_iters": 4, "lr": 0.05},
+        "run": {"rounds": 2, "threads": 1},
+        "output": {"plots": False},
+    }
+    result = run_experiment(resolve_config(raw), tmp_path / "auc", progress="none")
+    assert result.summary["resolved"]["num_outputs"] == 1  # AUC algorithms train a scorer
+    assert sorted(result.summary["final"]) == ["test_auprc", "test_auroc"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "stop", "signum"),
+    [
+        ([], 2, signal.SIGTERM),  # an evaluation round
+        (["run.eval_every=3", "run.rounds=7"], 4, signal.SIGINT),  # between evaluations
+        (["run.eval_every=3", "run.rounds=7"], 3, signal.SIGTERM),  # an evaluation round
+        (["algorithm.name=scaffold", "algorithm.clients_per_round=2", "run.rounds=5"], 3, signal.SIGTERM),
+    ],
+)
+def test_interrupted_and_resumed_run_equals_uninterrupted(tiny, tmp_path, monkeypatch, overrides, stop, signum):
+    cfg = resolve_config(tiny, overrides)
+    full = run_experiment(cfg, tmp_path / "full", progress="none")
+
+    with monkeypatch.context() as m:
+        interrupt_at(m, stop, signum)
+        with pytest.raises(RunInterrupted) as info:
+            run_experiment(cfg, tmp_path / "part", progress="none")
+    assert info.value.round == stop and info.value.exit_code == 128 + signum
+    assert f"stopped after round {stop}; checkpoint written to {tmp_path / 'part' / 'checkpoint.pt'}" in str(info.value)
+    assert RunDir(tmp_path / "part").status() == "checkpointed"
+    assert load_checkpoint(tmp_path / "part" / "checkpoint.pt")["round"] == stop
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
+
+    resumed = run_experiment(cfg, tmp_path / "part", resume=True, progress="none")
+    assert without_time(records(tmp_path / "part")) == without_time(records(tmp_path / "full"))
+    assert without_time(resumed.history.records) == without_time(full.history.records)
+    a = load_checkpoint(tmp_path / "full" / "checkpoint.pt")["simulation"]
+    b = load_checkpoint(tmp_path / "part" / "checkpoint.pt")["simulation"]
+    for key in a["server_state"]["params"]:
+        assert torch.equal(a["server_state"]["params"][key], b["server_state"]["params"][key])
+    assert a["ledger"] == b["ledger"]
+
+
+def test_resume_after_a_crash_uses_the_last_periodic_checkpoint(tiny, tmp_path, monkeypatch):
+    cfg = resolve_config(tiny, ["run.rounds=6", "run.checkpoint_every=2"])
+    run_experiment(cfg, tmp_path / "full", progress="none")
+    with monkeypatch.context() as m:
+        crash_at(m, 5)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            run_experiment(cfg, tmp_path / "part", progress="none")
+    assert len(records(tmp_path / "part")) == 4  # evaluations 1-4 were written before the crash
+    assert load_checkpoint(tmp_path / "part" / "checkpoint.pt")["round"] == 4
+    run_experiment(cfg, tmp_path / "part", resume=True, progress="none")
+    assert without_time(records(tmp_path / "part")) == without_time(records(tmp_path / "full"))
+
+
+def test_resume_refuses_a_different_config_naming_the_keys(tiny, tmp_path, monkeypatch):
+    cfg = resolve_config(tiny)
+    with monkeypatch.context() as m:
+        interrupt_at(m, 1)
+        with pytest.raises(RunInterrupted):
+            run_experiment(cfg, tmp_path / "r", progress="none")
+    other = resolve_config(tiny, ["algorithm.lr=0.2", "data.num_clients=4", "run.checkpoint_every=1"])
+    with pytest.raises(FedriskError) as info:
+        run_experiment(other, tmp_path / "r", resume=True, progress="none")
+    msg = str(info.value)
+    assert msg.startswith(f"the config differs from the checkpoint's in {tmp_path / 'r'}: ")
+    assert "algorithm.lr (checkpoint: 0.1, now: 0.2)" in msg and "data.num_clients (checkpoint: 3, now: 4)" in msg
+    assert "checkpoint_every" not in msg  # keys that do not change the numbers may differ
+    # the run directory was left as it was
+    assert RunDir(tmp_path / "r").status() == "checkpointed"
+
+
+def test_run_directory_refusals(tiny, tmp_path, monkeypatch):
+    cfg = resolve_config(tiny, ["run.rounds=2"])
+    d = tmp_path / "d"
+    with pytest.raises(FedriskError, match=r"holds no checkpoint \(checkpoint.pt\); nothing to resume"):
+        run_experiment(cfg, d, resume=True, progress="none")
+    run_experiment(cfg, d, progress="none")
+    with pytest.raises(FedriskError, match=r"already holds a finished run; choose another --out or pass --overwrite"):
+        run_experiment(cfg, d, progress="none")
+    with pytest.raises(FedriskError, match=r"holds a finished run; nothing to resume \(use --overwrite"):
+        run_experiment(cfg, d, resume=True, progress="none")
+    with pytest.raises(FedriskError, match=r"--resume and --overwrite exclude each other"):
+        run_experiment(cfg, d, resume=True, overwrite=True, progress="none")
+    (d / "notes.txt").write_text("mine")
+    again = run_experiment(cfg, d, overwrite=True, progress="none")
+    assert (d / "notes.txt").read_text() == "mine"  # --overwrite removes only the run's own files
+    assert len(again.history.records) == 2
+
+    with monkeypatch.context() as m:
+        interrupt_at(m, 1)
+        with pytest.raises(RunInterrupted):
+            run_experiment(cfg, tmp_path / "i", progress="none")
+    with pytest.raises(FedriskError, match=r"holds an interrupted run with a checkpoint; continue it with --resume"):
+        run_experiment(cfg, tmp_path / "i", progress="none")
+    with monkeypatch.context() as m:
+        crash_at(m, 1)
+        with pytest.raises(RuntimeError):
+            run_experiment(cfg, tmp_path / "c", progress="none")
+    with pytest.raises(FedriskError, match=r"holds an unfinished run without a checkpoint; pass --overwrite"):
+        run_experiment(cfg, tmp_path / "c", progress="none")
+
+
+def test_damaged_checkpoint_is_a_user_error(tiny, tmp_path, monkeypatch):
+    cfg = resolve_config(tiny)
+    with monkeypatch.context() as m:
+        interrupt_at(m, 1)
+        with pytest.raises(RunInterrupted):
+            run_experiment(cfg, tmp_path / "r", progress="none")
+    (tmp_path / "r" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(FedriskError, match=r"cannot read checkpoint .*checkpoint.pt"):
+        run_experiment(cfg, tmp_path / "r", resume=True, progress="none")
+
+
+def test_second_sigint_stops_at_once():
+    with SignalGuard() as guard:
+        signal.raise_signal(signal.SIGINT)
+        assert guard.signum == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_threads_setting_is_restored(tiny, tmp_path):
+    before = torch.get_num_threads()
+    run_experiment(resolve_config(tiny, ["run.rounds=1", "run.threads=1"]), tmp_path / "t", progress="none")
+    assert torch.get_num_threads() == before

@@ -1,0 +1,119 @@
+"""Sweeps: expansion and labels, skip / resume on re-run, subprocess jobs, the report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedrisk.errors import FedriskError
+from fedrisk.experiment import RunInterrupted, resolve_config, run_experiment
+from fedrisk.experiment.report import format_mean_std
+from fedrisk.experiment.sweep import expand_sweep, parse_grid, run_sweep, toml_literal
+
+from .conftest import records, without_time
+from .test_runner import interrupt_at
+
+
+def test_expand_labels_variants_grid_and_seeds(tiny, tmp_path):
+    cfg = resolve_config(tiny)
+    pts = expand_sweep(
+        cfg,
+        tmp_path,
+        grid={"algorithm.lr": [0.05, 0.1], "model.output_activation": ["none"]},
+        variants={"avg": {"algorithm": {"name": "fedavg"}}, "prox": {"algorithm.name": "fedprox"}},
+        seeds=[3, 4],
+    )
+    assert [str(p.path.relative_to(tmp_path)) for p in pts[:3]] == [
+        "avg,algorithm.lr=0.05,model.output_activation=none/seed=3",
+        "avg,algorithm.lr=0.05,model.output_activation=none/seed=4",
+        "avg,algorithm.lr=0.1,model.output_activation=none/seed=3",
+    ]
+    assert len(pts) == 8
+    last = pts[-1]
+    assert last.config["algorithm.name"] == "fedprox" and last.config["algorithm.lr"] == 0.1
+    assert last.config["run.seed"] == 4 and last.config["run.seeds"] == []
+    assert [str(p.path.relative_to(tmp_path)) for p in expand_sweep(cfg, tmp_path, seeds=[0])] == ["seed=0"]
+
+
+def test_expand_errors(tiny, tmp_path):
+    cfg = resolve_config(tiny)
+    with pytest.raises(FedriskError, match=r"sweep: algorithm.lr set both by variant 'a' and by the grid"):
+        expand_sweep(cfg, tmp_path, grid={"algorithm.lr": [0.1]}, variants={"a": {"algorithm.lr": 0.2}})
+    with pytest.raises(FedriskError, match=r"two points share the directory name 'algorithm.lr=0.1'"):
+        expand_sweep(cfg, tmp_path, grid={"algorithm.lr": [0.1, "0.1"]})
+    with pytest.raises(FedriskError, match=r"sweep point algorithm.lr=-1 seed=0: \[algorithm\] fedavg: lr = -1"):
+        expand_sweep(cfg, tmp_path, grid={"algorithm.lr": [0.1, -1]})
+
+
+def test_parse_grid_and_literals():
+    assert parse_grid(['algorithm.aggregator={name = "mean"},weighted_mean', "run.seed=1"]) == {
+        "algorithm.aggregator": [{"name": "mean"}, "weighted_mean"],
+        "run.seed": [1],
+    }
+    assert toml_literal(1.0) == "1.0" and toml_literal(True) == "true" and toml_literal('a"b') == '"a\\"b"'
+    with pytest.raises(FedriskError, match=r"--grid expects key=v1,v2"):
+        parse_grid(["algorithm.lr=0.1,"])
+
+
+def test_sequential_sweep_report_skip_and_resume(tiny, tmp_path, monkeypatch, capsys):
+    tiny["run"]["rounds"] = 2
+    cfg = resolve_config(tiny)
+    variants = {"fedavg": {"algorithm.name": "fedavg"}, "fedprox": {"algorithm.name": "fedprox"}}
+    out = tmp_path / "sweep"
+    # one point was interrupted earlier: the sweep must resume it, not start it again
+    point = expand_sweep(cfg, out, variants=variants, seeds=[0, 1])[1]
+    with monkeypatch.context() as m:
+        interrupt_at(m, 1)
+        with pytest.raises(RunInterrupted):
+            run_experiment(point.config, point.path, progress="none", seed=point.seed)
+
+    result = run_sweep(cfg, out, variants=variants, seeds=[0, 1], progress="none")
+    assert not result.failed and not result.skipped
+    assert "resuming fedavg seed=1" in capsys.readouterr().err
+    finals = {
+        name: [json.loads((out / name / f"seed={s}" / "summary.json").read_text())["final"]["test_accuracy"] for s in (0, 1)]
+        for name in variants
+    }
+    table = result.report.table
+    assert table.splitlines()[0] == (
+        "| configuration | seeds | rounds | final test_accuracy | best test_accuracy | MB communicated |"
+    )
+    for name in variants:
+        assert f"| {name} | 2 | 2 | {format_mean_std(finals[name])} |" in table
+    assert (out / "report.md").read_text().count(table) == 1
+    assert sorted(p.name for p in result.report.plots) == ["comparison_vs_bytes.png", "comparison_vs_round.png"]
+    assert (out / "sweep.toml").is_file()
+
+    # the resumed point equals a fresh run of the same point
+    fresh = run_experiment(point.config, tmp_path / "fresh", progress="none", seed=point.seed)
+    assert without_time(records(point.path)) == without_time(fresh.history.records)
+
+    # running the sweep again skips everything and reports the same table
+    again = run_sweep(cfg, out, variants=variants, seeds=[0, 1], progress="none")
+    assert len(again.skipped) == 4 and again.report.table == table
+
+
+def test_parallel_jobs_give_the_same_numbers(tiny, tmp_path):
+    tiny["run"]["rounds"] = 2
+    cfg = resolve_config(tiny)
+    grid = {"algorithm.lr": [0.05, 0.2]}
+    par = run_sweep(cfg, tmp_path / "par", grid=grid, seeds=[0], jobs=2, progress="none")
+    assert not par.failed, par.failed
+    for p in par.points:
+        assert (p.path / "sweep.log").is_file()
+        seq = run_experiment(p.config, tmp_path / "seq" / p.path.name / p.label, progress="none", seed=p.seed)
+        assert without_time(records(p.path)) == without_time(seq.history.records)
+    assert "| algorithm.lr=0.05 | 1 | 2 |" in par.report.table  # labelled by the sweep directory
+
+
+def test_failed_points_are_reported_and_the_rest_runs(tiny, tmp_path):
+    tiny["run"]["rounds"] = 2
+    tiny["data"]["partition_options"]["max_tries"] = 1
+    cfg = resolve_config(tiny)
+    # a partition that cannot be made fails when the run is built (a FedriskError at run time)
+    grid = {"data.partition_options.min_size": [1, 100000]}
+    result = run_sweep(cfg, tmp_path / "s", grid=grid, seeds=[0], progress="none")
+    assert [p.label for p, _ in result.failed] == ["data.partition_options.min_size=100000"]
+    assert "min_size" in result.failed[0][1]
+    assert len(result.report.groups) == 1
