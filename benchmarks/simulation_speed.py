@@ -1,45 +1,73 @@
-"""Simulation speed: seconds per FedAvg round of fedrisk's executors against plain PyTorch.
+"""Simulation speed: seconds per FedAvg round of fedrisk's executors, plain PyTorch and Flower.
 
-Workloads (both FedAvg with plain averaging, SGD with lr 0.05 on minibatches of 16 rows drawn
-with replacement, every client in every round; digits standardised with the training split's
-mean / std after an 80/20 stratified split with seed 0):
+Workloads (FedAvg with sample-count weights, SGD with lr 0.05 on minibatches of 16 rows drawn
+with replacement, every client in every round; scikit-learn digits standardised with the
+training split's mean / std after an 80/20 stratified split with seed 0):
 
 * ``W1``: 100 IID clients (14-15 rows each), MLP 64-128-10, 10 local steps, 20 rounds.
 * ``W2``: 1000 clients of 32 rows each drawn with replacement from the training split,
   logistic regression 64-10, 5 local steps, 10 rounds.
+* ``H`` (compute-heavy, for the distributed executor's scaling): W1's clients with an MLP
+  64-512-512-10 and 40 local steps, 10 rounds (the ``heavy`` workload of
+  ``tests/runtime/distributed_bench.py``).
 
-Runners:
+Implementations (``--impl``; each runs in its own subprocess so that its peak memory is its
+own; the same data, the same initial model and the same per-client minibatch indices
+``sample_batches(client_generator(0, round, k), ...)`` everywhere, hence the same final
+accuracy up to float rounding, except for ``floor``, which is a different algorithm):
 
 * ``sequential`` / ``vectorized``: :class:`fedrisk.runtime.simulation.Simulation` with that
-  executor (float32).
-* ``plain``: a hand-written PyTorch loop: one ``nn.Module``, per client ``load_state_dict`` of the
-  global weights, ``torch.optim.SGD``, the local steps, and a running weighted average.  It uses
-  fedrisk's minibatch draws, so its model equals fedrisk's up to float rounding.
-* ``floor``: the compute floor: the whole round as one ``torch.func.vmap`` over pre-stacked,
-  padded client data with minibatch indices drawn in one batched call (no per-client Python,
-  no framework bookkeeping).  Its draws differ from the others', so only its speed compares.
+  executor (float32); ``vectorized-2t``: the same with 2 torch threads.
+* ``distributed-1p`` / ``distributed-2p``: the distributed executor (local executor
+  ``sequential``, gloo) in 1 / 2 processes started by ``python -m torch.distributed.run`` on
+  ``benchmarks/_distributed_workload.py``.
+* ``plain``: a hand-written PyTorch loop: one ``nn.Sequential``, per client the global weights
+  copied into it in place, the local steps with ``torch.autograd.grad`` and in-place SGD
+  updates, and an in-place weighted sum of the client models.
+* ``plain-optim``: the same with ``load_state_dict`` and a fresh ``torch.optim.SGD`` per client
+  (how most tutorials write it).
+* ``vmap``: a hand-written ``torch.func.vmap(grad)`` over all clients with stacked parameters
+  and padded, stacked client data (the same draws, made per client as fedrisk does).
+* ``floor``: the compute floor: per local step, the round's minibatches of every client
+  concatenated into one batch of ``C * 16`` rows on one model (``floor-2t``: 2 threads); its
+  indices are computed before the timed rounds.  It trains a different (large-batch) model,
+  so only its speed compares.
+* ``flower``: Flower's simulation (``flwr.simulation.run_simulation``, ServerApp / ClientApp,
+  the stock ``FedAvg`` strategy, ``num_cpus=1`` per client) run by ``benchmarks/flower_workload.py``
+  with ``.venv-bench/bin/python`` (or this interpreter if ``flwr`` imports here); skipped with a
+  note otherwise.  It gets the data, initial model and minibatch indices from a file this
+  script writes.
 
-Each runner reports the median and the minimum seconds per round after a warm-up round (the
-minimum is the better estimate on a machine shared with other work), the total (including the
-first round, which for vmap pays a one-off lazy import of part of torch, about 2 s), and the
-test accuracy of the final global model.  The number of torch threads is set once for the whole
-process (``--threads``, default 1).
+Each implementation reports the median seconds per round over rounds 2..R (the first round
+is reported apart: it pays one-off costs such as vmap's lazy import), the final test accuracy,
+the peak resident memory of its main process (``VmHWM``) and the peak of the summed
+proportional set size (PSS) of all its processes (sampled twice a second).  Each process uses
+1 torch thread unless the name ends in ``-2t``.  With ``--repeat N`` the whole set runs N times
+(alternating the order) and the table shows the median of the N medians with their range.
 
 Usage::
 
-    .venv/bin/python benchmarks/simulation_speed.py                     # W1 and W2, every runner
-    .venv/bin/python benchmarks/simulation_speed.py --workload W2 --runner sequential vectorized
-    .venv/bin/python benchmarks/simulation_speed.py --rounds 3 --json out.json
+    .venv/bin/python benchmarks/simulation_speed.py --repeat 3 --json benchmarks/results.json
+    .venv/bin/python benchmarks/simulation_speed.py --workload W2 --impl sequential plain --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
+import platform
+import socket
 import statistics
+import subprocess
+import sys
+import tempfile
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -56,24 +84,69 @@ from fedrisk.objectives.supervised import cross_entropy
 from fedrisk.rng import client_generator, generator
 from fedrisk.runtime.simulation import Simulation
 
-RUNNERS = ("sequential", "vectorized", "plain", "floor")
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 
 
 @dataclass(frozen=True)
 class Workload:
+    """One benchmark workload (see the module docstring)."""
+
     name: str
     model: str
     hidden: tuple[int, ...]
     local_steps: int
     rounds: int
+    num_clients: int = 100
+    rows_per_client: int | None = None  # None: an IID partition of the training split
     batch_size: int = 16
     lr: float = 0.05
 
 
 WORKLOADS = {
     "W1": Workload("W1", "mlp", (128,), local_steps=10, rounds=20),
-    "W2": Workload("W2", "logreg", (), local_steps=5, rounds=10),
+    "W2": Workload("W2", "logreg", (), local_steps=5, rounds=10, num_clients=1000, rows_per_client=32),
+    "H": Workload("H", "mlp", (512, 512), local_steps=40, rounds=10),
 }
+
+
+@dataclass(frozen=True)
+class Impl:
+    """How an implementation runs: its runner, torch threads per process and processes."""
+
+    runner: str
+    threads: int = 1
+    procs: int = 1
+
+
+IMPLS = {
+    "sequential": Impl("sequential"),
+    "vectorized": Impl("vectorized"),
+    "vectorized-2t": Impl("vectorized", threads=2),
+    "distributed-1p": Impl("distributed", procs=1),
+    "distributed-2p": Impl("distributed", procs=2),
+    "plain": Impl("plain"),
+    "plain-optim": Impl("plain-optim"),
+    "vmap": Impl("vmap"),
+    "floor": Impl("floor"),
+    "floor-2t": Impl("floor", threads=2),
+    "flower": Impl("flower"),
+}
+DEFAULT_IMPLS = {
+    "W1": [
+        "plain", "plain-optim", "sequential", "vectorized", "vectorized-2t", "distributed-2p",
+        "vmap", "floor", "floor-2t", "flower",
+    ],
+    "W2": [
+        "plain", "plain-optim", "sequential", "vectorized", "vectorized-2t", "distributed-2p",
+        "vmap", "floor", "floor-2t", "flower",
+    ],
+    "H": ["sequential", "distributed-1p", "distributed-2p"],
+}  # fmt: skip
+
+
+# -- the shared workload: data, model, draws ---------------------------------------------------
 
 
 def digits_split() -> tuple[Samples, Samples]:
@@ -90,18 +163,19 @@ def digits_split() -> tuple[Samples, Samples]:
 
 
 def federation(workload: Workload) -> Federation:
+    """The workload's clients: an IID split, or ``rows_per_client`` rows drawn with replacement."""
     train, test = digits_split()
-    if workload.name == "W1":
-        parts = iid(train.y.numpy(), 100, seed=0)
-        clients = [train.subset(p) for p in parts]
+    if workload.rows_per_client is None:
+        clients = [train.subset(p) for p in iid(train.y.numpy(), workload.num_clients, seed=0)]
     else:
         g = torch.Generator().manual_seed(0)
-        rows = torch.randint(len(train), (1000, 32), generator=g)
+        rows = torch.randint(len(train), (workload.num_clients, workload.rows_per_client), generator=g)
         clients = [train.subset(r) for r in rows]
     return Federation(workload.name, clients, num_classes=10, test=test)
 
 
 def make_algorithm(workload: Workload) -> FedAvg:
+    """fedrisk's FedAvg with the workload's hyper-parameters."""
     options = {"hidden": list(workload.hidden)} if workload.model == "mlp" else {}
     model = FunctionalModel(build_model(workload.model, (64,), 10, **options))
     return FedAvg(
@@ -113,14 +187,55 @@ def make_algorithm(workload: Workload) -> FedAvg:
     )
 
 
+def initial_params(workload: Workload) -> dict[str, Tensor]:
+    """The initial global model, exactly as ``Simulation(seed=0)`` makes it."""
+    return make_algorithm(workload).init_params(generator(0, "init"))
+
+
+def torch_model(workload: Workload) -> nn.Sequential:
+    """The workload's model as a plain ``nn.Sequential`` (its parameters in fedrisk's order)."""
+    widths = [64, *workload.hidden, 10]
+    layers: list[nn.Module] = []
+    for i in range(len(widths) - 1):
+        layers.append(nn.Linear(widths[i], widths[i + 1]))
+        if i < len(widths) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def draws(fed: Federation, workload: Workload, round: int) -> list[Tensor]:
+    """Every client's minibatch indices ``[E, B]`` for ``round``: fedrisk's own draws."""
+    e, b = workload.local_steps, workload.batch_size
+    return [sample_batches(client_generator(0, round, k), len(c), e, b) for k, c in enumerate(fed.clients)]
+
+
 def accuracy(logits: Tensor, y: Tensor) -> float:
     return float((logits.argmax(1) == y).double().mean())
 
 
-# -- runners: each returns (seconds of every round, final test accuracy) --------------------
+def export_workload(workload: Workload, path: Path) -> None:
+    """Write what an outside implementation (Flower) needs to run exactly this workload."""
+    fed = federation(workload)
+    init = initial_params(workload)
+    torch.save(
+        {
+            "workload": asdict(workload),
+            "clients_x": [c.x for c in fed.clients],
+            "clients_y": [c.y for c in fed.clients],
+            "test_x": fed.test.x,
+            "test_y": fed.test.y,
+            "init": list(init.values()),  # in nn.Sequential's parameter order
+            "indices": torch.stack([torch.stack(draws(fed, workload, r)) for r in range(workload.rounds)]),
+        },
+        path,
+    )
 
 
-def run_fedrisk(workload: Workload, fed: Federation, executor: str) -> tuple[list[float], float]:
+# -- in-process runners: each returns (seconds of every round, final test accuracy) -----------
+
+
+def run_fedrisk(workload: Workload, executor: str) -> tuple[list[float], float]:
+    fed = federation(workload)
     alg = make_algorithm(workload)
     sim = Simulation(alg, fed, seed=0, executor=executor)
     times = []
@@ -133,12 +248,49 @@ def run_fedrisk(workload: Workload, fed: Federation, executor: str) -> tuple[lis
     return times, acc
 
 
-def run_plain(workload: Workload, fed: Federation) -> tuple[list[float], float]:
-    """FedAvg written directly in PyTorch (no fedrisk runtime)."""
-    alg = make_algorithm(workload)
-    net: nn.Module = alg.model.module
+def run_plain(workload: Workload) -> tuple[list[float], float]:
+    """FedAvg by hand: one model, weights copied in place, autograd, in-place SGD and sum."""
+    fed = federation(workload)
+    net = torch_model(workload)
+    params = list(net.parameters())
+    global_w = [p.clone() for p in initial_params(workload).values()]
+    sizes = [len(c) for c in fed.clients]
+    total = float(sum(sizes))
+    lr, steps, b = workload.lr, workload.local_steps, workload.batch_size
+    times = []
+    for r in range(workload.rounds):
+        t = time.perf_counter()
+        avg = [torch.zeros_like(w) for w in global_w]
+        for k, client in enumerate(fed.clients):
+            with torch.no_grad():
+                for p, w in zip(params, global_w):
+                    p.copy_(w)
+            idx = sample_batches(client_generator(0, r, k), sizes[k], steps, b)
+            for step in range(steps):
+                rows = idx[step]
+                loss = nn.functional.cross_entropy(net(client.x[rows]), client.y[rows])
+                grads = torch.autograd.grad(loss, params)
+                with torch.no_grad():
+                    for p, g in zip(params, grads):
+                        p.add_(g, alpha=-lr)
+            with torch.no_grad():
+                for a, p in zip(avg, params):
+                    a.add_(p, alpha=sizes[k] / total)
+        global_w = avg
+        times.append(time.perf_counter() - t)
+    with torch.no_grad():
+        for p, w in zip(params, global_w):
+            p.copy_(w)
+        acc = accuracy(net(fed.test.x), fed.test.y)
+    return times, acc
 
-    global_w = alg.init_params(generator(0, "init"))  # the same initial model as Simulation(seed=0)
+
+def run_plain_optim(workload: Workload) -> tuple[list[float], float]:
+    """FedAvg as tutorials write it: ``load_state_dict`` and ``torch.optim.SGD`` per client."""
+    fed = federation(workload)
+    net = torch_model(workload)
+    names = [n for n, _ in net.named_parameters()]
+    global_w = dict(zip(names, initial_params(workload).values()))
     sizes = [len(c) for c in fed.clients]
     total = float(sum(sizes))
     times = []
@@ -146,7 +298,7 @@ def run_plain(workload: Workload, fed: Federation) -> tuple[list[float], float]:
         t = time.perf_counter()
         avg = {k: torch.zeros_like(v) for k, v in global_w.items()}
         for k, client in enumerate(fed.clients):
-            net.load_state_dict(global_w, strict=False)
+            net.load_state_dict(global_w)
             opt = torch.optim.SGD(net.parameters(), lr=workload.lr)
             idx = sample_batches(client_generator(0, r, k), sizes[k], workload.local_steps, workload.batch_size)
             for step in range(workload.local_steps):
@@ -159,39 +311,44 @@ def run_plain(workload: Workload, fed: Federation) -> tuple[list[float], float]:
                     avg[name].add_(p, alpha=sizes[k] / total)
         global_w = avg
         times.append(time.perf_counter() - t)
+    net.load_state_dict(global_w)
     with torch.no_grad():
-        acc = accuracy(alg.model.apply(global_w, fed.test.x), fed.test.y)
+        acc = accuracy(net(fed.test.x), fed.test.y)
     return times, acc
 
 
-def run_floor(workload: Workload, fed: Federation) -> tuple[list[float], float]:
-    """The round as one vmapped tensor program over pre-stacked, padded client data."""
-    alg = make_algorithm(workload)
-
-    w = alg.init_params(generator(0, "init"))
+def _padded(fed: Federation) -> tuple[Tensor, Tensor, Tensor]:
+    """Client data stacked ``[C, n_max, ...]`` (zero rows past each client's size) and sizes."""
     sizes = torch.tensor([len(c) for c in fed.clients])
     n_max = int(sizes.max())
-    x = torch.zeros(len(fed.clients), n_max, 64)
+    x = torch.zeros(len(fed.clients), n_max, fed.clients[0].x.shape[1])
     y = torch.zeros(len(fed.clients), n_max, dtype=torch.long)
     for k, c in enumerate(fed.clients):
         x[k, : len(c)], y[k, : len(c)] = c.x, c.y
-    p = (sizes / sizes.sum()).float()
-    apply = alg.model.apply
-    steps, lr, b = workload.local_steps, workload.lr, workload.batch_size
+    return x, y, sizes
 
-    def local(params: dict, xk: Tensor, yk: Tensor, idx: Tensor) -> dict:
-        g = torch.func.grad(lambda q, xb, yb: nn.functional.cross_entropy(apply(q, xb), yb))
+
+def run_vmap(workload: Workload) -> tuple[list[float], float]:
+    """FedAvg by hand with ``torch.func``: one ``vmap(grad)`` program over every client."""
+    fed = federation(workload)
+    apply = make_algorithm(workload).model.apply
+    w = initial_params(workload)
+    x, y, sizes = _padded(fed)
+    p = (sizes / sizes.sum()).float()
+    steps, lr = workload.local_steps, workload.lr
+    grad = torch.func.grad(lambda q, xb, yb: nn.functional.cross_entropy(apply(q, xb), yb))
+
+    def local(params: dict[str, Tensor], xk: Tensor, yk: Tensor, idx: Tensor) -> dict[str, Tensor]:
         for t in range(steps):
-            grads = g(params, xk[idx[t]], yk[idx[t]])
-            params = {k: v - lr * grads[k] for k, v in params.items()}
+            g = grad(params, xk[idx[t]], yk[idx[t]])
+            params = {k: v - lr * g[k] for k, v in params.items()}
         return params
 
     batched = torch.func.vmap(local, in_dims=(None, 0, 0, 0))
-    gen = torch.Generator().manual_seed(0)
     times = []
-    for _ in range(workload.rounds):
+    for r in range(workload.rounds):
         t = time.perf_counter()
-        idx = (torch.rand(len(sizes), steps, b, generator=gen) * sizes[:, None, None]).long()
+        idx = torch.stack(draws(fed, workload, r))
         out = batched(w, x, y, idx)
         w = {k: torch.tensordot(p, v, dims=1) for k, v in out.items()}
         times.append(time.perf_counter() - t)
@@ -200,56 +357,354 @@ def run_floor(workload: Workload, fed: Federation) -> tuple[list[float], float]:
     return times, acc
 
 
-def run(workload: Workload, runner: str, fed: Federation) -> dict:
-    fns: dict[str, Callable[[], tuple[list[float], float]]] = {
-        "sequential": lambda: run_fedrisk(workload, fed, "sequential"),
-        "vectorized": lambda: run_fedrisk(workload, fed, "vectorized"),
-        "plain": lambda: run_plain(workload, fed),
-        "floor": lambda: run_floor(workload, fed),
-    }
-    times, acc = fns[runner]()
+def run_floor(workload: Workload) -> tuple[list[float], float]:
+    """The compute floor: each local step is one batch of every client's rows on one model."""
+    fed = federation(workload)
+    net = torch_model(workload)
+    params = list(net.parameters())
+    with torch.no_grad():
+        for q, w in zip(params, initial_params(workload).values()):
+            q.copy_(w)
+    x = torch.cat([c.x for c in fed.clients])
+    y = torch.cat([c.y for c in fed.clients])
+    offsets = torch.tensor([0] + [len(c) for c in fed.clients[:-1]]).cumsum(0)
+    # global rows [E, C * B] of the round's minibatches (drawn before timing: not compute)
+    rows = [(torch.stack(draws(fed, workload, r)) + offsets[:, None, None]).transpose(0, 1).flatten(1)
+            for r in range(workload.rounds)]  # fmt: skip
+    lr = workload.lr
+    times = []
+    for r in range(workload.rounds):
+        t = time.perf_counter()
+        for step_rows in rows[r]:
+            loss = nn.functional.cross_entropy(net(x[step_rows]), y[step_rows])
+            grads = torch.autograd.grad(loss, params)
+            with torch.no_grad():
+                for q, g in zip(params, grads):
+                    q.add_(g, alpha=-lr)
+        times.append(time.perf_counter() - t)
+    with torch.no_grad():
+        acc = accuracy(net(fed.test.x), fed.test.y)
+    return times, acc
+
+
+IN_PROCESS: dict[str, Callable[[Workload], tuple[list[float], float]]] = {
+    "sequential": lambda w: run_fedrisk(w, "sequential"),
+    "vectorized": lambda w: run_fedrisk(w, "vectorized"),
+    "plain": run_plain,
+    "plain-optim": run_plain_optim,
+    "vmap": run_vmap,
+    "floor": run_floor,
+}
+
+
+def vm_hwm_mb() -> float:
+    """Peak resident set size of this process in MiB (``VmHWM``)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def worker(runner: str, workload: Workload, threads: int) -> None:
+    """Run one in-process implementation and print its result as a ``RESULT {json}`` line."""
+    torch.set_num_threads(threads)
+    times, acc = IN_PROCESS[runner](workload)
+    print("RESULT " + json.dumps({"times": times, "accuracy": acc, "vm_hwm_mb": [vm_hwm_mb()]}), flush=True)
+
+
+# -- the driver: one subprocess per implementation ---------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _descendants(root: int) -> list[int]:
+    """``root`` and every process below it (from ``/proc/*/stat``)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def _pss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class TreeMemory:
+    """Samples the summed PSS of a process tree twice a second; ``peak_mb`` is the maximum."""
+
+    def __init__(self, pid: int, interval: float = 0.5) -> None:
+        self.pid, self.interval, self.peak_mb = pid, interval, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak_mb = max(self.peak_mb, sum(_pss_mb(p) for p in _descendants(self.pid)))
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak_mb
+
+
+def flower_python() -> str | None:
+    """The interpreter that runs the Flower implementation, or None when Flower is absent."""
+    if BENCH_PYTHON.exists():
+        return str(BENCH_PYTHON)
+    if importlib.util.find_spec("flwr") is not None:
+        return sys.executable
+    return None
+
+
+def command(name: str, workload: Workload, workfile: Callable[[], Path]) -> list[str] | None:
+    """The command line that runs implementation ``name`` on ``workload`` (None: unavailable)."""
+    impl = IMPLS[name]
+    if impl.runner in IN_PROCESS:
+        return [sys.executable, str(HERE / "simulation_speed.py"), "--worker", impl.runner,
+                "--workload", workload.name, "--rounds", str(workload.rounds), "--threads", str(impl.threads)]  # fmt: skip
+    if impl.runner == "distributed":
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(impl.procs),
+                "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+                str(HERE / "_distributed_workload.py"), "--workload", workload.name,
+                "--rounds", str(workload.rounds), "--threads", str(impl.threads)]  # fmt: skip
+    if impl.runner == "flower":
+        python = flower_python()
+        if python is None:
+            return None
+        return [python, str(HERE / "flower_workload.py"), str(workfile())]
+    raise ValueError(name)
+
+
+def run_impl(name: str, workload: Workload, workfile: Callable[[], Path]) -> dict:
+    """Run one implementation in its own process tree; its timing, accuracy and memory."""
+    cmd = command(name, workload, workfile)
+    if cmd is None:
+        return {"skipped": "Flower is not installed: create .venv-bench (see benchmarks/README.md)"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    memory = TreeMemory(proc.pid)
+    output, _ = proc.communicate()
+    tree_peak = memory.stop()
+    wall = time.perf_counter() - start
+    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join(output.splitlines()[-30:])
+        raise RuntimeError(f"{name} on {workload.name} failed (exit {proc.returncode}):\n{tail}")
+    res = json.loads(lines[-1][len("RESULT ") :])
+    times = res["times"]
     steady = times[1:] or times
     return {
-        "workload": workload.name,
-        "runner": runner,
-        "rounds": len(times),
         "s_per_round": statistics.median(steady),
         "min_s_per_round": min(steady),
-        "total_s": sum(times),
-        "test_accuracy": acc,
+        "first_round_s": times[0],
+        "rounds": len(times),
+        "accuracy": res["accuracy"],
+        "vm_hwm_mb": res["vm_hwm_mb"],
+        "tree_pss_peak_mb": tree_peak,
+        "process_wall_s": wall,
+        **{k: v for k, v in res.items() if k not in ("times", "accuracy", "vm_hwm_mb")},
+        "times": times,
     }
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", nargs="+", choices=sorted(WORKLOADS), default=sorted(WORKLOADS))
-    parser.add_argument("--runner", nargs="+", choices=RUNNERS, default=list(RUNNERS))
-    parser.add_argument("--rounds", type=int, default=None, help="override the workload's number of rounds")
-    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for the whole run")
-    parser.add_argument("--json", default=None, help="also write the results to this JSON file")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    results = []
-    print(f"torch {torch.__version__}, {args.threads} thread(s)")
-    print(f"{'workload':8} {'runner':11} {'s/round':>9} {'min s':>9} {'total s':>8} {'test acc':>8}")
-    for name in args.workload:
-        workload = WORKLOADS[name]
-        if args.rounds is not None:
-            workload = Workload(**{**workload.__dict__, "rounds": args.rounds})
-        fed = federation(workload)
-        for runner in args.runner:
-            res = run(workload, runner, fed)
-            res["threads"] = args.threads
-            results.append(res)
-            print(
-                f"{name:8} {runner:11} {res['s_per_round']:9.4f} {res['min_s_per_round']:9.4f} "
-                f"{res['total_s']:8.2f} {res['test_accuracy']:8.4f}",
-                flush=True,
+# -- report ------------------------------------------------------------------------------------
+
+TARGETS = [
+    # (description, workload, numerator impl, denominator impl, bound, kind)
+    ("sequential <= 1.15x plain (W1)", "W1", "sequential", "plain", 1.15, "max"),
+    ("sequential <= 1.15x plain (W2)", "W2", "sequential", "plain", 1.15, "max"),
+    ("vectorized >= 3x faster than sequential (W1)", "W1", "sequential", "vectorized*", 3.0, "min"),
+    ("vectorized >= 5x faster than sequential (W2)", "W2", "sequential", "vectorized*", 5.0, "min"),
+    ("vectorized <= 2x floor (W2)", "W2", "vectorized*", "floor*", 2.0, "max"),
+    ("fedrisk best >= 20x faster than Flower (W1)", "W1", "flower", "fedrisk*", 20.0, "min"),
+    ("fedrisk best >= 100x faster than Flower (W2)", "W2", "flower", "fedrisk*", 100.0, "min"),
+    ("distributed 2 processes >= 1.6x faster than 1 (H)", "H", "distributed-1p", "distributed-2p", 1.6, "min"),
+]
+
+
+def _best(table: dict[str, dict], pattern: str) -> tuple[str, float] | None:
+    """The fastest implementation matching ``pattern`` (``x*``: any name starting with x;
+    ``fedrisk*``: sequential / vectorized / distributed); None if none ran."""
+    if pattern == "fedrisk*":
+        names = [n for n in table if IMPLS[n].runner in ("sequential", "vectorized", "distributed")]
+    elif pattern.endswith("*"):
+        names = [n for n in table if n.startswith(pattern[:-1])]
+    else:
+        names = [pattern] if pattern in table else []
+    names = [n for n in names if "s_per_round" in table[n]]
+    if not names:
+        return None
+    best = min(names, key=lambda n: table[n]["s_per_round"])
+    return best, table[best]["s_per_round"]
+
+
+def check_targets(summary: dict[str, dict[str, dict]]) -> list[dict]:
+    """Each target's measured ratio (numerator / denominator seconds per round) and verdict."""
+    out = []
+    for desc, wl, num, den, bound, kind in TARGETS:
+        a, b = _best(summary.get(wl, {}), num), _best(summary.get(wl, {}), den)
+        if a is None or b is None:
+            out.append({"target": desc, "status": "not measured"})
+            continue
+        ratio = a[1] / b[1]
+        ok = ratio <= bound if kind == "max" else ratio >= bound
+        out.append({"target": desc, "ratio": ratio, "using": f"{a[0]} / {b[0]}", "status": "met" if ok else "MISSED"})
+    return out
+
+
+def summarise(runs: list[dict]) -> dict[str, dict[str, dict]]:
+    """Per workload and implementation: median over repeats of the per-run medians, and range."""
+    summary: dict[str, dict[str, dict]] = {}
+    for wl in dict.fromkeys(r["workload"] for r in runs):
+        summary[wl] = {}
+        for name in dict.fromkeys(r["impl"] for r in runs if r["workload"] == wl):
+            rs = [r for r in runs if r["workload"] == wl and r["impl"] == name]
+            if "skipped" in rs[0]:
+                summary[wl][name] = {"skipped": rs[0]["skipped"]}
+                continue
+            med = [r["s_per_round"] for r in rs]
+            summary[wl][name] = {
+                "s_per_round": statistics.median(med),
+                "range": [min(med), max(med)],
+                "first_round_s": statistics.median(r["first_round_s"] for r in rs),
+                "accuracy": sorted({round(r["accuracy"], 4) for r in rs}),
+                "vm_hwm_mb": max(max(r["vm_hwm_mb"]) for r in rs),
+                "vm_hwm_sum_mb": max(sum(r["vm_hwm_mb"]) for r in rs),
+                "tree_pss_peak_mb": max(r["tree_pss_peak_mb"] for r in rs),
+                "repeats": len(rs),
+            }
+    return summary
+
+
+def format_table(summary: dict[str, dict[str, dict]]) -> str:
+    head = (f"{'wl':3} {'implementation':15} {'s/round':>9} {'range':>17} {'1st round':>9} {'test acc':>8} "
+            f"{'RSS MiB':>8} {'PSS all':>8} {'vs plain':>8} {'Flower/x':>8}")  # fmt: skip
+    lines = [head, "-" * len(head)]
+    for wl, table in summary.items():
+        plain = table.get("plain", {}).get("s_per_round")
+        flower = table.get("flower", {}).get("s_per_round")
+        for name, s in table.items():
+            if "skipped" in s:
+                lines.append(f"{wl:3} {name:15} skipped: {s['skipped']}")
+                continue
+            t = s["s_per_round"]
+            rng = f"{s['range'][0]:.4f}-{s['range'][1]:.4f}"
+            acc = "/".join(f"{a:.4f}" for a in s["accuracy"])
+            vs_plain = f"{t / plain:.2f}x" if plain else "-"
+            vs_flower = f"{flower / t:.0f}x" if flower else "-"
+            rss = s["vm_hwm_mb"] if s["vm_hwm_sum_mb"] == s["vm_hwm_mb"] else s["vm_hwm_sum_mb"]
+            lines.append(
+                f"{wl:3} {name:15} {t:9.4f} {rng:>17} {s['first_round_s']:9.3f} {acc:>8} "
+                f"{rss:8.0f} {s['tree_pss_peak_mb']:8.0f} {vs_plain:>8} {vs_flower:>8}"
             )
+    return "\n".join(lines)
+
+
+def machine() -> dict:
+    """A short description of the machine and the software."""
+    info = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo") as fh:
+            info["cpu"] = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
+        info["load_average_at_start"] = os.getloadavg()
+    except (OSError, StopIteration):
+        pass
+    return info
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--workload", nargs="+", choices=sorted(WORKLOADS), default=list(WORKLOADS))
+    parser.add_argument("--impl", nargs="+", choices=list(IMPLS), default=None,
+                        help="implementations to run (default: every one that fits the workload)")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=None, help="override every workload's number of rounds")
+    parser.add_argument("--repeat", type=int, default=1, help="run the whole set this many times")
+    parser.add_argument("--json", default=None, help="also write every run and the summary to this JSON file")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    workloads = [WORKLOADS[w] if args.rounds is None else replace(WORKLOADS[w], rounds=args.rounds)
+                 for w in args.workload]  # fmt: skip
+    if args.worker:
+        worker(args.worker, workloads[0], args.threads)
+        return {}
+    if args.rounds is not None and args.rounds < 2:
+        parser.error("--rounds must be at least 2 (round 1 is excluded from the medians)")
+    info = machine()
+    print(f"torch {info['torch']}, {info['cpus']} CPUs ({info.get('cpu', '?')}), "
+          f"load average {info.get('load_average_at_start')}", flush=True)  # fmt: skip
+    if flower_python() is None:
+        print("note: Flower is not installed (no .venv-bench, flwr not importable): 'flower' is skipped", flush=True)
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="fedrisk-bench-") as tmp:
+        files: dict[str, Path] = {}
+
+        def workfile_of(w: Workload) -> Callable[[], Path]:
+            def make() -> Path:
+                if w.name not in files:
+                    files[w.name] = Path(tmp) / f"{w.name}.pt"
+                    export_workload(w, files[w.name])
+                return files[w.name]
+
+            return make
+
+        for rep in range(args.repeat):
+            for w in workloads:
+                names = args.impl or DEFAULT_IMPLS[w.name]
+                order = names if rep % 2 == 0 else names[::-1]
+                for name in order:
+                    res = run_impl(name, w, workfile_of(w))
+                    res.update(workload=w.name, impl=name, repeat=rep)
+                    runs.append(res)
+                    if "skipped" in res:
+                        print(f"[{rep}] {w.name} {name:15} skipped: {res['skipped']}", flush=True)
+                        continue
+                    print(
+                        f"[{rep}] {w.name} {name:15} {res['s_per_round']:.4f} s/round "
+                        f"(first {res['first_round_s']:.3f}) acc {res['accuracy']:.4f} "
+                        f"RSS {sum(res['vm_hwm_mb']):.0f} MiB, PSS all {res['tree_pss_peak_mb']:.0f} MiB, "
+                        f"process {res['process_wall_s']:.1f} s",
+                        flush=True,
+                    )
+    summary = summarise(runs)
+    targets = check_targets(summary)
+    print()
+    print(format_table(summary))
+    print()
+    for t in targets:
+        extra = f"{t['ratio']:.2f} ({t['using']})" if "ratio" in t else ""
+        print(f"{t['status']:>12}  {t['target']:52} {extra}")
+    result = {"machine": info, "runs": runs, "summary": summary, "targets": targets}
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=2)
-    return results
+            json.dump(result, fh, indent=1)
+    return result
 
 
 if __name__ == "__main__":

@@ -31,6 +31,20 @@ def in_functorch_transform() -> bool:
     return peek_interpreter_stack() is not None
 
 
+def _flatten(tree: Tree) -> tuple[list[Any], Callable[[list[Any]], Tree]]:
+    """The leaves of ``tree`` and a function that rebuilds a tree of its structure from leaves.
+
+    A flat ``dict`` of tensors (every model's parameters) takes a fast path that skips
+    ``torch.utils._pytree`` (several microseconds per call, paid at every local step by the
+    sequential executor); it gives the same leaves in the same (insertion) order.
+    """
+    if type(tree) is dict and all(isinstance(v, Tensor) for v in tree.values()):
+        keys = list(tree)
+        return list(tree.values()), lambda leaves: dict(zip(keys, leaves))
+    leaves, spec = pytree.tree_flatten(tree)
+    return leaves, lambda new: pytree.tree_unflatten(new, spec)
+
+
 def value_and_grad(
     fn: Callable[..., Tensor], argnums: int = 0, has_aux: bool = False
 ) -> Callable[..., tuple[Any, Tree]]:
@@ -45,10 +59,10 @@ def value_and_grad(
             gv = torch.func.grad_and_value(fn, argnums=argnums, has_aux=has_aux)
             grads, value = gv(*args)
             return value, grads
-        leaves, spec = pytree.tree_flatten(args[argnums])
+        leaves, rebuild = _flatten(args[argnums])
         leaves = [x.detach().requires_grad_(True) for x in leaves]
         new_args = list(args)
-        new_args[argnums] = pytree.tree_unflatten(leaves, spec)
+        new_args[argnums] = rebuild(leaves)
         out = fn(*new_args)
         loss = out[0] if has_aux else out
         grads = torch.autograd.grad(loss, leaves, allow_unused=True)
@@ -57,7 +71,7 @@ def value_and_grad(
             value = (out[0].detach(), pytree.tree_map(lambda t: t.detach() if isinstance(t, Tensor) else t, out[1]))
         else:
             value = out.detach()
-        return value, pytree.tree_unflatten(grads, spec)
+        return value, rebuild(grads)
 
     return wrapped
 

@@ -134,6 +134,7 @@ def _sweep(cfg: Any, out: Path, args: argparse.Namespace, *, grid: Any, variants
     result = run_sweep(cfg, out, grid=grid, variants=variants, seeds=seeds, jobs=jobs, progress=_progress(args))
     if result.report is not None:
         print()
+        print(f"results ({_over_seeds(result.report)}):")
         print(result.report.table)
         print()
         for p in result.report.plots:
@@ -147,11 +148,17 @@ def _sweep(cfg: Any, out: Path, args: argparse.Namespace, *, grid: Any, variants
     return 0
 
 
+def _over_seeds(report: Any) -> str:
+    runs = sum(len(g.runs) for g in report.groups)
+    return f"{runs} run(s) in {len(report.groups)} configuration(s); mean ± sample std over seeds"
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from fedrisk.experiment.report import make_report
 
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
     report = make_report(args.runs, out=args.out, metrics=metrics, plots=not args.no_plots)
+    print(f"results ({_over_seeds(report)}):")
     print(report.table)
     print()
     for p in report.plots:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import tomli_w
+import torch
 
 TINY: dict[str, Any] = {
     "data": {"dataset": "digits", "num_clients": 3, "partition": "dirichlet", "partition_options": {"alpha": 0.5}},
@@ -17,6 +18,15 @@ TINY: dict[str, Any] = {
     "run": {"rounds": 4, "threads": 1, "checkpoint_every": 2},
     "output": {"plots": False},
 }
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread (and two threads crawl on a loaded 2-core machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture

@@ -45,7 +45,7 @@ def test_run_prints_the_results_table(capsys, config, tmp_path):
     ("argv", "message"),
     [
         (["--set", "algorithm.lrr=0.1"], "error: unknown key 'algorithm.lrr' (did you mean 'algorithm.lr'?)"),
-        (["--set", "algorithm.name=fedav"], "error: algorithm.name = \"fedav\" is not a known name (did you mean"),
+        (["--set", "algorithm.name=fedav"], 'error: algorithm.name = "fedav" is not a known name (did you mean'),
         (["--set", "run.rounds=-1"], "error: run.rounds = -1 is out of range; allowed: [1, inf)"),
         (["--set", "run.rounds=many"], 'error: run.rounds = "many" has the wrong type; allowed: an integer'),
         (["--set", "rounds"], "error: --set expects key=value with a dotted key"),
@@ -53,7 +53,7 @@ def test_run_prints_the_results_table(capsys, config, tmp_path):
     ],
 )
 def test_bad_config_input_is_one_error_line(capsys, config, tmp_path, argv, message):
-    code, out, err = run_cli(capsys, "run", config, "--out", tmp_path / "r", *argv)
+    code, _, err = run_cli(capsys, "run", config, "--out", tmp_path / "r", *argv)
     assert code == 2
     assert err.startswith(message)
     assert not (tmp_path / "r").exists()  # validated before anything was written
@@ -103,7 +103,11 @@ def test_sweep_and_report_errors(capsys, config, tmp_path):
     code, _, err = run_cli(capsys, "sweep", config, "--seeds", "two")
     assert code == 2 and err.startswith("error: --seeds = 'two' is not allowed; allowed: a count N >= 1")
     code, _, err = run_cli(capsys, "sweep", config, "--grid", "algorithm.lr")
-    assert code == 2 and err.startswith("error: --grid expects key=v1,v2,... with a dotted key") and "got 'algorithm.lr'" in err
+    assert (
+        code == 2
+        and err.startswith("error: --grid expects key=v1,v2,... with a dotted key")
+        and "got 'algorithm.lr'" in err
+    )
     code, _, err = run_cli(capsys, "sweep", config, "--grid", "algorithm.lrr=0.1,0.2", "--out", tmp_path / "s")
     assert code == 2 and "sweep point algorithm.lrr=0.1 seed=0: unknown key 'algorithm.lrr'" in err
     code, _, err = run_cli(capsys, "sweep", config, "--jobs", "0")
@@ -115,10 +119,13 @@ def test_sweep_and_report_errors(capsys, config, tmp_path):
 
 
 def test_run_with_several_seeds_runs_each(capsys, config, tmp_path):
-    code, out, _ = run_cli(capsys, "run", config, "--out", tmp_path / "m", "--quiet", "--set", "run.rounds=1",
-                           "--set", "run.seeds=[0, 1]")
+    code, out, _ = run_cli(
+        capsys, "run", config, "--out", tmp_path / "m", "--quiet", "--set", "run.rounds=1", "--set", "run.seeds=[0, 1]"
+    )
     assert code == 0
-    assert (tmp_path / "m" / "seed=0" / "summary.json").is_file() and (tmp_path / "m" / "seed=1" / "summary.json").is_file()
+    assert (tmp_path / "m" / "seed=0" / "summary.json").is_file() and (
+        tmp_path / "m" / "seed=1" / "summary.json"
+    ).is_file()
     assert "| fedavg | 2 | 1 |" in out
 
 
@@ -126,14 +133,17 @@ def test_sigterm_to_a_subprocess_then_resume_is_exact(tmp_path, tiny):
     """A real SIGTERM to `python -m fedrisk run`: exit 143 with a checkpoint, then --resume ends
     with exactly the metrics of an uninterrupted run."""
     tiny["model"] = {"name": "mlp", "hidden": [16]}
-    tiny["algorithm"].update({"local_steps": 150, "batch_size": 32})
+    tiny["algorithm"].update({"local_steps": 100, "batch_size": 32})
     tiny["run"].update({"rounds": 6, "checkpoint_every": 0})
     config = write_config(tmp_path / "slow.toml", tiny)
     out = tmp_path / "part"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "fedrisk", "run", str(config), "--out", str(out), "--plain"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
@@ -141,7 +151,7 @@ def test_sigterm_to_a_subprocess_then_resume_is_exact(tmp_path, tiny):
             break
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=120)
+    _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 143, stderr
     assert "SIGTERM received: finishing the current round" in stderr
     stopped = len(records(out))

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import tomllib
-
 import pytest
+import tomllib
 
 from fedrisk.errors import FedriskError
 from fedrisk.experiment.config import (
@@ -148,7 +147,9 @@ def test_unknown_algorithm_key_suggests_and_lists(tiny):
 
 def test_unknown_names_suggest_and_list(tiny):
     msg = err(tiny, ["algorithm.name=scafold"])
-    assert msg.startswith("algorithm.name = \"scafold\" is not a known name (did you mean 'scaffold'?); valid choices: ")
+    assert msg.startswith(
+        "algorithm.name = \"scafold\" is not a known name (did you mean 'scaffold'?); valid choices: "
+    )
     assert "fedavg" in msg
     msg = err(tiny, ["data.dataset=fashion-mnist"])
     assert "(did you mean 'fashion_mnist'?)" in msg
@@ -159,7 +160,7 @@ def test_unknown_names_suggest_and_list(tiny):
     msg = err(tiny, ["objective.name=cross_entropi"])
     assert "(did you mean 'cross_entropy'?)" in msg
     msg = err(tiny, ["algorithm.aggregator=weighted"])
-    assert msg.startswith('algorithm.aggregator = "weighted" is not a known name (did you mean \'weighted_mean\'?)')
+    assert msg.startswith("algorithm.aggregator = \"weighted\" is not a known name (did you mean 'weighted_mean'?)")
 
 
 def test_unknown_option_keys_of_named_components(tiny):
@@ -168,7 +169,10 @@ def test_unknown_option_keys_of_named_components(tiny):
         "partitioner 'dirichlet': alpha, balance, max_tries, min_size, on"
     )
     assert "valid options of dataset 'digits'" in err(tiny, ["data.dataset_options.flaten=true"])
-    assert err(tiny, ["model.hiden=[4]"]) == "unknown key 'model.hiden'; valid options of model 'logreg': output_activation"
+    assert (
+        err(tiny, ["model.hiden=[4]"])
+        == "unknown key 'model.hiden'; valid options of model 'logreg': output_activation"
+    )
     msg = err(tiny, ["model.name=mlp", "model.hiden=[4]"])
     assert msg.startswith("unknown key 'model.hiden' (did you mean 'model.hidden'?); valid options of model 'mlp'")
 
@@ -227,7 +231,9 @@ def test_sweep_table_validation(tiny):
         "sweep.grid.algorithm.lr = 0.1 has the wrong type; allowed: a non-empty list of values"
     )
     assert err(tiny, ["sweep.seeds=0"]) == "sweep.seeds = 0 is out of range; allowed: [1, inf)"
-    cfg = resolve_config(tiny, ["sweep.grid.algorithm.lr=[0.1, 0.2]", 'sweep.variants.a={"algorithm.name" = "fedprox"}'])
+    cfg = resolve_config(
+        tiny, ["sweep.grid.algorithm.lr=[0.1, 0.2]", 'sweep.variants.a={"algorithm.name" = "fedprox"}']
+    )
     assert cfg["sweep.grid"] == {"algorithm.lr": [0.1, 0.2]}
     assert cfg["sweep.variants"] == {"a": {"algorithm.name": "fedprox"}}
 

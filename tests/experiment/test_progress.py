@@ -24,7 +24,9 @@ def test_bar_shows_rounds_times_loss_and_latest_metrics(monkeypatch):
     p.start(round=2)  # resumed after round 2
     clock.now += 8.0
     p.round_end(4, {"loss": 0.51234})
-    p.evaluation({"round": 4, "test_accuracy": 0.8, "bytes_down": 1, "bytes_up": 1, "wall_time": 38.0})
+    p.evaluation(
+        {"round": 4, "test_accuracy": 0.8, "bytes_down": 1, "bytes_up": 1, "wall_time": 38.0, "train_loss": 0.5}
+    )
     # 2 rounds in 8 s -> 6 rounds left take 24 s; elapsed counts the 30 s before the resume
     assert p.render(200) == "[fedavg] ########------------ 4/10 00:38<00:24  loss 0.5123  test_accuracy 0.8000"
     assert out.getvalue().startswith("\r[fedavg] ")  # redrawn in place
@@ -40,8 +42,9 @@ def test_plain_mode_prints_one_line_per_evaluation():
     p.start(round=0)
     p.round_end(1, {"loss": 1.0})
     assert out.getvalue() == ""
-    p.evaluation({"round": 4, "test_accuracy": 0.5, "test_log_loss": 1.25, "bytes_down": 0, "bytes_up": 0,
-                  "wall_time": 61.0})
+    p.evaluation(
+        {"round": 4, "test_accuracy": 0.5, "test_log_loss": 1.25, "bytes_down": 0, "bytes_up": 0, "wall_time": 61.0}
+    )
     assert out.getvalue() == "round 4/4 | elapsed 01:01 | test_accuracy=0.5000 test_log_loss=1.2500\n"
 
 

@@ -10,19 +10,29 @@ import pytest
 import tomli_w
 
 from fedrisk.errors import FedriskError
-from fedrisk.experiment.report import format_mean_std, group_curve, group_runs, make_report, mean_std
 from fedrisk.experiment.outputs import load_run
+from fedrisk.experiment.report import format_mean_std, group_curve, group_runs, make_report, mean_std
 
 
 def fake_run(path: Path, algorithm: str, seed: int, accs: list[float], lr: float = 0.1, finished: bool = True) -> Path:
     """A run directory as the runner writes it (only the parts a report reads)."""
     path.mkdir(parents=True)
-    config = {"data": {"dataset": "digits"}, "algorithm": {"name": algorithm, "lr": lr},
-              "run": {"seed": seed, "seeds": [], "checkpoint_every": seed}, "output": {"dir": str(path)}}
+    config = {
+        "data": {"dataset": "digits"},
+        "algorithm": {"name": algorithm, "lr": lr},
+        "run": {"seed": seed, "seeds": [], "checkpoint_every": seed},
+        "output": {"dir": str(path)},
+    }
     (path / "config.toml").write_text(tomli_w.dumps(config))
     recs = [
-        {"round": 2 * (i + 1), "test_accuracy": a, "test_log_loss": 1 - a, "bytes_down": 1000 * (i + 1),
-         "bytes_up": 500 * (i + 1), "wall_time": 0.1 * i}
+        {
+            "round": 2 * (i + 1),
+            "test_accuracy": a,
+            "test_log_loss": 1 - a,
+            "bytes_down": 1000 * (i + 1),
+            "bytes_up": 500 * (i + 1),
+            "wall_time": 0.1 * i,
+        }
         for i, a in enumerate(accs)
     ]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
@@ -34,7 +44,9 @@ def fake_run(path: Path, algorithm: str, seed: int, accs: list[float], lr: float
 def test_mean_std():
     assert mean_std([2.0]) == (2.0, 0.0)
     m, s = mean_std([1.0, 2.0, 4.0])
-    assert m == pytest.approx(7 / 3) and s == pytest.approx(math.sqrt(((1 - 7 / 3) ** 2 + (2 - 7 / 3) ** 2 + (4 - 7 / 3) ** 2) / 2))
+    assert m == pytest.approx(7 / 3) and s == pytest.approx(
+        math.sqrt(((1 - 7 / 3) ** 2 + (2 - 7 / 3) ** 2 + (4 - 7 / 3) ** 2) / 2)
+    )
     assert format_mean_std([0.5, 0.7]) == "0.6000 ± 0.1414" and format_mean_std([]) == "–"
 
 

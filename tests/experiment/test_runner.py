@@ -49,13 +49,13 @@ def test_run_writes_every_output(tiny, tmp_path):
     rd = RunDir(result.path)
     recs = records(rd.path)
     assert [r["round"] for r in recs] == [1, 2, 3, 4]
-    assert set(recs[0]) == {"round", "test_accuracy", "bytes_down", "bytes_up", "wall_time"}
+    assert list(recs[0]) == ["round", "test_accuracy", "bytes_down", "bytes_up", "wall_time", "train_loss"]
     # 3 clients x 650 float32 parameters of logreg(64 -> 10) down and up every round
     assert [r["bytes_down"] for r in recs] == [3 * 650 * 4 * k for k in (1, 2, 3, 4)]
     assert recs[-1]["bytes_up"] == recs[-1]["bytes_down"]
     summary = json.loads(rd.summary.read_text())
     assert summary["status"] == "finished" and summary["rounds"] == 4
-    assert summary["final"] == {"test_accuracy": recs[-1]["test_accuracy"]}
+    assert summary["final"] == {"test_accuracy": recs[-1]["test_accuracy"], "train_loss": recs[-1]["train_loss"]}
     best = max(recs, key=lambda r: r["test_accuracy"])
     assert summary["best"]["test_accuracy"]["value"] == best["test_accuracy"]
     assert summary["resolved"]["num_outputs"] == 10 and summary["resolved"]["objective"] == "cross_entropy"
@@ -79,7 +79,7 @@ def test_auto_metrics_and_one_output_scorer(tmp_path):
     }
     result = run_experiment(resolve_config(raw), tmp_path / "auc", progress="none")
     assert result.summary["resolved"]["num_outputs"] == 1  # AUC algorithms train a scorer
-    assert sorted(result.summary["final"]) == ["test_auprc", "test_auroc"]
+    assert sorted(result.summary["final"]) == ["test_auprc", "test_auroc", "train_loss"]
 
 
 @pytest.mark.parametrize(

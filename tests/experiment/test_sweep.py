@@ -72,7 +72,10 @@ def test_sequential_sweep_report_skip_and_resume(tiny, tmp_path, monkeypatch, ca
     assert not result.failed and not result.skipped
     assert "resuming fedavg seed=1" in capsys.readouterr().err
     finals = {
-        name: [json.loads((out / name / f"seed={s}" / "summary.json").read_text())["final"]["test_accuracy"] for s in (0, 1)]
+        name: [
+            json.loads((out / name / f"seed={s}" / "summary.json").read_text())["final"]["test_accuracy"]
+            for s in (0, 1)
+        ]
         for name in variants
     }
     table = result.report.table

@@ -72,6 +72,15 @@ Communication per round (the ledger's bytes): CODA+ sends ``(v, α)`` down and u
 ``(c_v, c_α)`` both ways, i.e. twice the bytes (pitfall P16).  With ``stage_output`` using the
 average, the last window of a stage also uploads the iterate sums (once per stage).
 
+Reusing the primal-dual core for another (v, α) game
+----------------------------------------------------
+:func:`local_sgda`, :func:`control_variate_difference`, :func:`control_variate_mean` and
+:func:`extrapolate` are objective-free.  The classes reach the AUC objective only through the
+hooks ``init_primal`` / ``init_dual`` (variables), ``init_objective_state`` (per-client
+constants), ``objective_directions`` (the stochastic ``(∇_v F_k, ∇_α F_k)`` of a step),
+``dual_projection``, ``check``, ``draw`` and ``predict``; a subclass overriding them runs
+CODA+ / CODASCA on any min-max game (the test suite does so for the spec's §7.2 quadratic game).
+
 Resolved ambiguities (spec §2.7, §6)
 ------------------------------------
 * **Prox coefficient** (§2.7-1, P6): ``prox_coef`` is ``λ`` in the *gradient* term
@@ -144,6 +153,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Callable, Mapping
@@ -181,6 +191,7 @@ __all__ = [
     "control_variate_mean",
     "extrapolate",
     "local_sgda",
+    "tree_directions",
 ]
 
 AUC_LOSSES = ("square", "margin")
@@ -191,8 +202,11 @@ CONTROL_VARIATES = ("difference", "gradient_mean")
 
 TRAIN, STAGE_END, DUAL_RESET = "train", "stage_end", "dual_reset"
 
-Directions = Callable[[int, Tree, Tree], tuple[Tensor, Tree, Tree]]
-"""``directions(t, v, α) -> (loss, ∇_v F_k, ∇_α F_k)`` at local step ``t`` (both at the same point)."""
+Directions = Callable[[int, list[Tensor], list[Tensor]], tuple[Tensor, list[Tensor], list[Tensor]]]
+"""``directions(t, v_leaves, α_leaves) -> (loss, ∇_v F_k leaves, ∇_α F_k leaves)`` at local step ``t``,
+both gradients at the same point; leaves in the order of ``torch.utils._pytree.tree_flatten`` of
+``v`` and ``α`` (flat lists keep the per-step Python overhead low; :func:`tree_directions` adapts a
+function written on trees)."""
 
 
 class SingleClassClientWarning(UserWarning):
@@ -237,7 +251,7 @@ def local_sgda(
     The inner loop of Alg. 2 (``shift = None``) and of Alg. 4 (``shift_v = c_v − c_v^k``,
     ``shift_alpha = c_α − c_α^k``)::
 
-        (ℓ, g_v, g_α) = directions(t, v_t, α_t)            # both at the same (v_t, α_t) (P1)
+        (ℓ, g_v, g_α) = directions(t, v_t, α_t)            # both at the same (v_t, α_t) (P1; leaf lists)
         d_v = g_v + λ (v_t − ref) + wd · v_t               # ∇_v F_k^s, eq. (5)'s prox (+ decay)
         v_{t+1} = v_t − η (d_v + shift_v)                  # descent on v
         α_{t+1} = Π(α_t + η (g_α + shift_α))               # ascent on α (Π: optional projection)
@@ -251,13 +265,13 @@ def local_sgda(
 
     Example (one step on ``F = v α`` from ``(1, 2)``: ``v ← 1 − 0.5·2``, ``α ← 2 + 0.5·1``):
         >>> import torch
-        >>> d = lambda t, v, a: (v * a, a, v)
+        >>> d = lambda t, v, a: (v[0] * a[0], [a[0]], [v[0]])
         >>> w = local_sgda(d, torch.tensor(1.0), torch.tensor(2.0), steps=1, lr=0.5)
         >>> float(w.v), float(w.alpha), float(w.loss)
         (0.0, 2.5, 2.0)
     """
-    # The loop runs on flat leaf lists (one pytree flatten / unflatten per step instead of one
-    # tree_map per operation): the same arithmetic, markedly less Python overhead.
+    # The loop runs on flat leaf lists (no pytree work per step): the same arithmetic, markedly
+    # less Python overhead than one tree_map per operation.
     xs, v_spec = pytree.tree_flatten(v)
     ys, a_spec = pytree.tree_flatten(alpha)
     refs = v_spec.flatten_up_to(ref) if prox_coef else None
@@ -279,8 +293,7 @@ def local_sgda(
     k_a = [lr * s for s in s_a] if s_a is not None else None
     losses = []
     for t in range(steps):
-        loss, g_v, g_a = directions(t, pytree.tree_unflatten(xs, v_spec), pytree.tree_unflatten(ys, a_spec))
-        d_v, d_a = v_spec.flatten_up_to(g_v), a_spec.flatten_up_to(g_a)
+        loss, d_v, d_a = directions(t, xs, ys)
         if sum_directions:  # the explicit form, keeping the directions of eq. (7)
             if prox_coef:  # ∇(λ/2)||v − v_0^s||² = λ (v − v_0^s)    (eq. (5); never on α, P5)
                 d_v = [torch.add(g, x - r, alpha=prox_coef) for g, x, r in zip(d_v, xs, refs)]  # type: ignore[arg-type]
@@ -322,6 +335,26 @@ def local_sgda(
         (v_tree(dir_v), a_tree(dir_a)) if sum_directions else None,
         (v_tree(it_v), a_tree(it_a)) if sum_iterates else None,
     )
+
+
+def tree_directions(fn: Callable[[int, Tree, Tree], tuple[Tensor, Tree, Tree]], v: Tree, alpha: Tree) -> Directions:
+    """Adapt ``fn(t, v, α) -> (loss, ∇_v F, ∇_α F)`` written on trees shaped like ``v`` and ``α``
+    to the leaf-list :data:`Directions` of :func:`local_sgda`.
+
+    Example:
+        >>> import torch
+        >>> game = lambda t, v, a: (a * v["x"], {"x": a}, v["x"])  # F = α x
+        >>> d = tree_directions(game, {"x": torch.tensor(1.0)}, torch.tensor(2.0))
+        >>> [float(u) for u in d(0, [torch.tensor(1.0)], [torch.tensor(2.0)])[1]]
+        [2.0]
+    """
+    v_spec, a_spec = pytree.tree_structure(v), pytree.tree_structure(alpha)
+
+    def flat(t: int, xs: list[Tensor], ys: list[Tensor]) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        loss, g_v, g_a = fn(t, pytree.tree_unflatten(xs, v_spec), pytree.tree_unflatten(ys, a_spec))
+        return loss, v_spec.flatten_up_to(g_v), a_spec.flatten_up_to(g_a)
+
+    return flat
 
 
 def control_variate_difference(
@@ -466,6 +499,37 @@ def _zero_like_params(params: Tree) -> Tensor:
     if leaf is None:
         return torch.zeros((), dtype=torch.get_default_dtype())
     return torch.zeros((), dtype=leaf.dtype, device=leaf.device)
+
+
+@functools.lru_cache(maxsize=16)
+def _positive_ratios(
+    name: str, choice: str, given: float | None, num_clients: int, class_counts: tuple[tuple[int, ...], ...]
+) -> tuple[float, ...]:
+    """Every client's ``p`` (memoised: ``init_client`` asks once per client, and ``"global"``
+    needs every client's counts)."""
+    if choice == "given":
+        return (check_ratio(given, name="p"),) * num_clients  # type: ignore[arg-type]
+    if not class_counts:
+        raise FedriskError(
+            f"{name}: positive_ratio = {choice!r} needs integer class labels to count the positives; the "
+            "labels are not integer classes. Use positive_ratio = 'given' with p"
+        )
+    own = []
+    for k, row in enumerate(class_counts):
+        n = sum(row)
+        pos = row[1] if len(row) > 1 else 0
+        ratio = pos / n if n else float("nan")
+        if choice == "client" and not 0 < ratio < 1:
+            raise FedriskError(
+                f"{name}: client {k} has {pos} positives among {n} samples, so its own positive ratio "
+                f"p_{k} = {ratio!r} is outside (0, 1) and its dual term vanishes; use positive_ratio = "
+                "'global' (or 'given') for federations with single-class clients"
+            )
+        own.append(ratio)
+    if choice == "client":
+        return tuple(own)
+    # the mixture (1/K) Σ_k P_k of eq. (1): the mean of the client ratios
+    return (check_ratio(sum(own) / len(own), name="global positive ratio p"),) * num_clients
 
 
 # ============================================================================================
@@ -661,69 +725,59 @@ class CODAPlus(Algorithm):
             out = out[:, 0]
         return torch.sigmoid(out) if self.sigmoid else out
 
-    def client_positive_ratios(self, fed: FedInfo) -> list[float]:
-        """``p`` of every client according to ``positive_ratio`` (validated; FedriskError if not in (0, 1))."""
-        if self.positive_ratio == "given":
-            return [check_ratio(self.p, name="p")] * fed.num_clients  # type: ignore[arg-type]
-        if not fed.class_counts:
-            raise FedriskError(
-                f"{self.name}: positive_ratio = {self.positive_ratio!r} needs integer class labels to count "
-                "the positives; the labels are not integer classes. Use positive_ratio = 'given' with p"
-            )
-        own = []
-        for k, row in enumerate(fed.class_counts):
-            n = sum(row)
-            pos = row[1] if len(row) > 1 else 0
-            ratio = pos / n if n else float("nan")
-            if self.positive_ratio == "client" and not 0 < ratio < 1:
-                raise FedriskError(
-                    f"{self.name}: client {k} has {pos} positives among {n} samples, so its own positive "
-                    f"ratio p_{k} = {ratio!r} is outside (0, 1) and its dual term vanishes; use "
-                    "positive_ratio = 'global' (or 'given') for federations with single-class clients"
-                )
-            own.append(ratio)
-        if self.positive_ratio == "client":
-            return own
-        # the mixture (1/K) Σ_k P_k of eq. (1): the mean of the client ratios
-        p = check_ratio(sum(own) / len(own), name="global positive ratio p")
-        return [p] * fed.num_clients
+    def client_positive_ratios(self, fed: FedInfo) -> tuple[float, ...]:
+        """``p`` of every client according to ``positive_ratio`` (validated; FedriskError if not in (0, 1)).
+
+        Example:
+            >>> fed = FedInfo(2, (4, 4), 2, ((3, 1), (1, 3)))
+            >>> CODAPlus(model=None).client_positive_ratios(fed)
+            (0.5, 0.5)
+            >>> CODAPlus(model=None, positive_ratio="client").client_positive_ratios(fed)
+            (0.25, 0.75)
+        """
+        return _positive_ratios(self.name, self.positive_ratio, self.p, fed.num_clients, fed.class_counts)
 
     def init_objective_state(self, ctx: RoundContext, client: int, params: Tree) -> Tree:
         """The per-client constants of the objective: ``{"p": p_k}``."""
         p = self.client_positive_ratios(ctx.fed)[client]
         return {"p": torch.tensor(p, dtype=_zero_like_params(params).dtype)}
 
-    def project_dual(self, alpha: Tree) -> Tree:
-        """``Π``: onto ``α ≥ 0`` for the margin loss (AUCM's constraint); identity otherwise."""
-        return alpha.clamp(min=0) if self.auc_loss == "margin" else alpha
+    def dual_projection(self) -> Callable[[Tree], Tree] | None:
+        """``Π`` after every ascent step: onto ``α ≥ 0`` for the margin loss (AUCM); none for eq. (2)."""
+        return (lambda alpha: alpha.clamp(min=0)) if self.auc_loss == "margin" else None
 
-    def objective_directions(self, state: Tree, data: LocalData, draws: Tree) -> Directions:
+    def objective_directions(self, state: Tree, data: LocalData, draws: Tree, v: Tree, alpha: Tree) -> Directions:
         """The stochastic directions ``(∇_v F_k, ∇_α F_k)`` of eq. (2) on minibatch ``t`` of ``draws``.
 
-        The label weights of the batch mean (:func:`auc_label_weights`) depend on the labels and
-        ``p`` only, so they are computed once for the window's ``I`` minibatches.
+        ``v``, ``alpha``: the window's start (their structure fixes the leaf order: the model's
+        parameters, ``a``, ``b``; then ``α``).  The label weights of the batch mean
+        (:func:`auc_label_weights`) depend on the labels and ``p`` only, so they are computed
+        once for the window's ``I`` minibatches.
         """
         p, idx = state["p"], draws["batches"]
         w_pos, w_neg = auc_label_weights(data.y[idx], p)  # [I, B] each
         margin = self.margin if self.auc_loss == "margin" else None
+        names = list(v["model"])
+        n = len(names)
+        leaves = pytree.tree_leaves(v)
+        if len(leaves) != n + 2 or leaves[n] is not v["a"] or leaves[n + 1] is not v["b"]:
+            raise RuntimeError("unexpected leaf order of the primal variables (model, a, b)")
 
-        def objective(var: Tree, x: Tensor, wp: Tensor, wn: Tensor) -> Tensor:
-            h = self.scores(var["model"], x)
-            return auc_minmax_weighted(h, var["a"], var["b"], var["alpha"], wp, wn, p, margin)
+        def objective(var: list[Tensor], x: Tensor, wp: Tensor, wn: Tensor) -> Tensor:
+            h = self.scores(dict(zip(names, var[:n])), x)
+            return auc_minmax_weighted(h, var[n], var[n + 1], var[n + 2], wp, wn, p, margin)
 
         value_grad = value_and_grad(objective)
 
-        def directions(t: int, v: Tree, alpha: Tree) -> tuple[Tensor, Tree, Tree]:
-            value, g = value_grad({**v, "alpha": alpha}, data.x[idx[t]], w_pos[t], w_neg[t])
-            g_v = {"model": g["model"], "a": g["a"], "b": g["b"]}
-            if self.grad_clip is not None:
+        def directions(t: int, xs: list[Tensor], ys: list[Tensor]) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+            value, g = value_grad([*xs, *ys], data.x[idx[t]], w_pos[t], w_neg[t])
+            g_v, g_a = g[: n + 2], g[n + 2 :]
+            if self.grad_clip is not None:  # the code's elementwise clipping, network weights only
                 c = self.grad_clip
-                g_v["model"] = tree_map(lambda u: u.clamp(-c, c), g_v["model"])
+                g_v = [u.clamp(-c, c) for u in g_v[:n]] + g_v[n:]
             if self.dual_direction == "closed_form":
                 # the code's 2(m + b − a) − 2α (auc_dual_closed_form_direction; m = 0 for eq. (2)'s α)
-                g_a = 2 * ((margin or 0.0) + v["b"] - v["a"]) - 2 * alpha
-            else:
-                g_a = g["alpha"]
+                g_a = [2 * ((margin or 0.0) + xs[n + 1] - xs[n]) - 2 * ys[0]]
             return value, g_v, g_a
 
         return directions
@@ -820,7 +874,7 @@ class CODAPlus(Algorithm):
             shift_a = tree_map(torch.sub, payload["c_alpha"], c_k_a)
         eq7 = self.uses_control_variates and self._control_variate_form == "gradient_mean"
         local = local_sgda(
-            self.objective_directions(state, data, draws),
+            self.objective_directions(state, data, draws, v0, alpha0),
             v0,
             alpha0,
             slot.steps,
@@ -830,7 +884,7 @@ class CODAPlus(Algorithm):
             weight_decay=self.weight_decay,
             shift_v=shift_v,
             shift_alpha=shift_a,
-            project_dual=self.project_dual,
+            project_dual=self.dual_projection(),
             sum_directions=eq7,
             sum_iterates=self._tracks_average,
         )

@@ -90,6 +90,11 @@ def sgd_steps(
         value, g = vg(params, x, y)
         if correction is not None:
             g = correction(params, g)
-        params = tree_map(lambda p, gi: sgd_update(p, gi, lr), params, g)
+        if type(params) is dict and type(g) is dict and params.keys() == g.keys():
+            # the same as the tree_map below for a flat dict (every model's parameters),
+            # without torch.utils._pytree's per-call overhead (the sequential hot loop)
+            params = {k: sgd_update(p, g[k], lr) for k, p in params.items()}
+        else:
+            params = tree_map(lambda p, gi: sgd_update(p, gi, lr), params, g)
         losses.append(value)
     return params, torch.stack(losses).mean()

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -169,16 +170,22 @@ class Progress(Callback):
         text = f"{self._prefix()}{bar} {self._round}/{self.total} {format_duration(self.elapsed())}{eta}"
         if "loss" in self._train:
             text += f"  loss {format_number(self._train['loss'])}"
-        shown = list(self._latest.items())[: self.max_metrics]
+        shown = [(k, v) for k, v in self._latest.items() if not k.startswith("train_")][: self.max_metrics]
         if shown:
             text += "  " + " ".join(f"{k} {format_number(v)}" for k, v in shown)
         return text[:width]
 
     def _draw(self) -> None:
-        width = max(shutil.get_terminal_size((100, 20)).columns - 1, 20)
-        line = self.render(width)
-        self._write("\r" + line + " " * max(0, width - len(line)))
+        # carriage return, the line cut to the terminal's width, then "erase to end of line"
+        self._write("\r" + self.render(self._width()) + "\x1b[K")
         self._drawn = True
+
+    def _width(self) -> int:
+        try:
+            columns = os.get_terminal_size(self.stream.fileno()).columns
+        except (AttributeError, OSError, ValueError):
+            columns = shutil.get_terminal_size((100, 20)).columns
+        return max(columns - 1, 20)
 
     def _write(self, text: str) -> None:
         try:

@@ -10,6 +10,8 @@ tabulate final and best metrics as mean ± std over seeds, and plot one curve pe
   minimum for losses, the maximum otherwise).  Standard deviations are sample standard
   deviations (``ddof = 1``) over seeds; with one seed only the mean is shown.
 * Curves average over seeds at the rounds every seed evaluated.
+* By default the table and plots show the evaluation metrics (``test_*``, ``validation_*``,
+  ``personal_*``); training metrics (``train_*``) on request (``metrics=[...]``).
 
 Example:
     >>> [round(v, 6) for v in mean_std([0.5, 0.7])]
@@ -205,7 +207,7 @@ def make_report(
             )
         chosen = list(metrics)
     else:
-        chosen = available
+        chosen = [m for m in available if not m.startswith("train_")] or available
     table = markdown_table(groups, chosen)
     out_dir = Path(out) if out is not None else _default_out(paths)
     plot_files: list[Path] = []
@@ -228,5 +230,9 @@ def make_report(
 
 
 def _default_out(paths: Sequence[str | Path]) -> Path:
-    ps = [str(Path(p).resolve()) for p in paths]
-    return Path(os.path.commonpath(ps)) if ps else Path(".")
+    if len(paths) == 1:
+        return Path(paths[0])
+    try:
+        return Path(os.path.commonpath([str(p) for p in paths]))
+    except ValueError:  # a mix of absolute and relative paths
+        return Path(os.path.commonpath([str(Path(p).resolve()) for p in paths]))

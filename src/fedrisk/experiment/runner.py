@@ -291,6 +291,24 @@ class MetricsWriter(Callback):
         append_jsonl(self.path, record)
 
 
+class TrainMetrics(Callback):
+    """Adds the last round's mean training metrics to each evaluation record as
+    ``train_<name>`` (e.g. ``train_loss``: the mean over the round's participating clients of
+    their mean local loss).  The record is the one the history keeps, so ``metrics.jsonl``,
+    the history and the checkpoint agree."""
+
+    def __init__(self) -> None:
+        self._last: tuple[int, dict[str, float]] | None = None
+
+    def on_round_end(self, sim: Simulation, report: RoundReport) -> None:
+        self._last = (sim.round, dict(report.train_metrics))
+
+    def on_evaluation(self, sim: Simulation, record: dict[str, Any]) -> None:
+        if self._last is not None and self._last[0] == record.get("round"):
+            for name, value in self._last[1].items():
+                record[f"train_{name}"] = value
+
+
 class _Stop(Exception):
     def __init__(self, signum: int) -> None:
         self.signum = signum
@@ -301,9 +319,10 @@ class SignalGuard:
     a second SIGINT raises ``KeyboardInterrupt``.  Handlers are installed only in the main
     thread and restored on exit."""
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, newline: bool = False) -> None:
         self.signum: int | None = None
         self.stream = stream
+        self.newline = newline  # end a progress bar's line before the message
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -313,7 +332,8 @@ class SignalGuard:
         if self.stream is not None:
             try:
                 self.stream.write(
-                    f"\n{SIGNAL_NAMES.get(signum, signum)} received: finishing the current round, then writing a "
+                    ("\n" if self.newline else "")
+                    + f"{SIGNAL_NAMES.get(signum, signum)} received: finishing the current round, then writing a "
                     "checkpoint (press Ctrl-C again to stop at once)\n"
                 )
                 self.stream.flush()
@@ -512,7 +532,7 @@ def run_experiment(
     rounds = cfg["run.rounds"]
     show = Progress(rounds, mode=progress, stream=stream, label=label)
     try:
-        with SignalGuard(stream=show.stream if show.mode != "none" else None) as guard:
+        with SignalGuard(stream=show.stream if show.mode != "none" else None, newline=show.mode == "bar") as guard:
             return _run(cfg, rd, ckpt, seed, show, guard)
     finally:
         torch.set_num_threads(threads_before)
@@ -559,7 +579,7 @@ def _run(
             eval_at_start=cfg["run.eval_at_start"],
             metrics=cfg["run.metrics"] or auto_metrics(sim),
             splits=cfg["run.splits"],
-            callbacks=[MetricsWriter(rd.metrics), show, checkpointer],
+            callbacks=[TrainMetrics(), MetricsWriter(rd.metrics), show, checkpointer],
             history=history,
             elapsed_before=elapsed_before,
         )
@@ -595,13 +615,14 @@ def _write_partition(rd: RunDir, sim: Simulation) -> None:
 
 
 def best_values(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per metric: the best value over the evaluations and its round (min for losses)."""
+    """Per evaluation metric: the best value over the evaluations and its round (min for
+    losses).  Training metrics (``train_*``) have no "best" and are left out."""
     from fedrisk.experiment.outputs import RECORD_KEYS
 
     best: dict[str, dict[str, Any]] = {}
     for r in records:
         for k, v in r.items():
-            if k in RECORD_KEYS or not isinstance(v, (int, float)) or v != v:
+            if k in RECORD_KEYS or k.startswith("train_") or not isinstance(v, (int, float)) or v != v:
                 continue
             lower = lower_is_better(k)
             cur = best.get(k)

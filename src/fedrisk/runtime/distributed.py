@@ -48,6 +48,19 @@ Design (see ``docs/distributed.md`` for launching on several machines and under 
 * **Rank 0 is primary** (:attr:`DistributedExecutor.is_primary`): the experiment layer writes
   metrics, plots and checkpoints only there.  Every rank still evaluates (no collectives are
   involved, so skipping evaluation off rank 0 is a pure saving the runner may take).
+  :meth:`DistributedExecutor.run_on_primary` and :meth:`DistributedExecutor.any_rank` help a
+  runner decide things once (the run directory, a checkpoint, a stop signal) for all ranks.
+
+Resolved details:
+
+* ``sum`` adds the shards' partial sums, so it may differ from the sequential executor in the
+  last bits (the equivalence tests allow 1e-9 in float64); all ranks get the same bits.
+* A weighted ``sum`` of an *integer* reply leaf is floating here even when every weight is 1.0
+  (the sequential executor keeps integers then): every rank must pick the reduction dtype
+  without seeing the others' replies.
+* Under ``on_client_failure="skip"``, when *every* client of one rank fails, the local
+  executor reports them together; their reasons in ``RoundReport.failed`` are that combined
+  message rather than one message per client.
 
 Example (world size 1; ``torchrun`` sets the same variables for every process):
 
@@ -429,9 +442,7 @@ class DistributedExecutor(Executor):
         if not owners:
             raise ClientFailure(f"every client failed in round {ctx.round}: {dict(sorted(all_failed.items()))}")
         all_states = {k: new_states[k] if k in new_states else gathered[k] for k in sorted(owners)}
-        all_metrics = {
-            k: {n: _metric_in(v) for n, v in infos[owners[k]]["metrics"][k].items()} for k in sorted(owners)
-        }
+        all_metrics = {k: {n: _metric_in(v) for n, v in infos[owners[k]]["metrics"][k].items()} for k in sorted(owners)}
         replies = DistributedReplies(
             self,
             local_replies if ok else None,

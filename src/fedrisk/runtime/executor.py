@@ -8,9 +8,9 @@ a deterministic function of its inputs.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from torch import Tensor
 
@@ -19,6 +19,8 @@ from fedrisk.algorithms.base import Algorithm, LocalData, RoundContext, RoundPla
 from fedrisk.errors import FedriskError
 from fedrisk.rng import client_generator
 from fedrisk.tree import Tree, tree_all_finite
+
+T = TypeVar("T")
 
 
 class ClientFailure(FedriskError):
@@ -47,6 +49,14 @@ class Executor(ABC):
     def is_primary(self) -> bool:
         """True in the process that writes logs, metrics and checkpoints."""
         return True
+
+    def run_on_primary(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the primary process and give every process its result (or its error)."""
+        return fn()
+
+    def any_rank(self, flag: bool) -> bool:
+        """True when ``flag`` is true in any process (e.g. a stop signal received by one rank)."""
+        return flag
 
     @abstractmethod
     def run_round(
