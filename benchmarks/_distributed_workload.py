@@ -20,10 +20,10 @@ from dataclasses import replace
 
 import torch
 import torch.distributed as dist
+from simulation_speed import WORKLOADS, accuracy, federation, make_algorithm, vm_hwm_mb
 
 from fedrisk.runtime.distributed import DistributedExecutor
 from fedrisk.runtime.simulation import Simulation
-from simulation_speed import WORKLOADS, accuracy, federation, make_algorithm, vm_hwm_mb
 
 
 def main() -> None:

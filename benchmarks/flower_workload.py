@@ -36,13 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 from flwr.simulation import run_simulation
+from torch import nn
 
 WORKFILE_ENV = "FEDRISK_FLOWER_WORKLOAD"
 _CACHE: dict[str, Any] = {}

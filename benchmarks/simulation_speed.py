@@ -231,24 +231,40 @@ def export_workload(workload: Workload, path: Path) -> None:
     )
 
 
-# -- in-process runners: each returns (seconds of every round, final test accuracy) -----------
+# -- in-process runners: each returns (its round timer, final test accuracy) -------------------
 
 
-def run_fedrisk(workload: Workload, executor: str) -> tuple[list[float], float]:
+class RoundTimer:
+    """Wall-clock and CPU seconds (``time.process_time``: every thread of the process) per round."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+        self._t = (0.0, 0.0)
+
+    def start(self) -> None:
+        self._t = (time.perf_counter(), time.process_time())
+
+    def stop(self) -> None:
+        self.wall.append(time.perf_counter() - self._t[0])
+        self.cpu.append(time.process_time() - self._t[1])
+
+
+def run_fedrisk(workload: Workload, executor: str) -> tuple[RoundTimer, float]:
     fed = federation(workload)
     alg = make_algorithm(workload)
     sim = Simulation(alg, fed, seed=0, executor=executor)
-    times = []
+    timer = RoundTimer()
     for _ in range(workload.rounds):
-        t = time.perf_counter()
+        timer.start()
         sim.step()
-        times.append(time.perf_counter() - t)
+        timer.stop()
     with torch.no_grad():
         acc = accuracy(alg.predict(alg.global_params(sim.server_state), fed.test.x), fed.test.y)
-    return times, acc
+    return timer, acc
 
 
-def run_plain(workload: Workload) -> tuple[list[float], float]:
+def run_plain(workload: Workload) -> tuple[RoundTimer, float]:
     """FedAvg by hand: one model, weights copied in place, autograd, in-place SGD and sum."""
     fed = federation(workload)
     net = torch_model(workload)
@@ -257,9 +273,9 @@ def run_plain(workload: Workload) -> tuple[list[float], float]:
     sizes = [len(c) for c in fed.clients]
     total = float(sum(sizes))
     lr, steps, b = workload.lr, workload.local_steps, workload.batch_size
-    times = []
+    timer = RoundTimer()
     for r in range(workload.rounds):
-        t = time.perf_counter()
+        timer.start()
         avg = [torch.zeros_like(w) for w in global_w]
         for k, client in enumerate(fed.clients):
             with torch.no_grad():
@@ -277,15 +293,15 @@ def run_plain(workload: Workload) -> tuple[list[float], float]:
                 for a, p in zip(avg, params):
                     a.add_(p, alpha=sizes[k] / total)
         global_w = avg
-        times.append(time.perf_counter() - t)
+        timer.stop()
     with torch.no_grad():
         for p, w in zip(params, global_w):
             p.copy_(w)
         acc = accuracy(net(fed.test.x), fed.test.y)
-    return times, acc
+    return timer, acc
 
 
-def run_plain_optim(workload: Workload) -> tuple[list[float], float]:
+def run_plain_optim(workload: Workload) -> tuple[RoundTimer, float]:
     """FedAvg as tutorials write it: ``load_state_dict`` and ``torch.optim.SGD`` per client."""
     fed = federation(workload)
     net = torch_model(workload)
@@ -293,9 +309,9 @@ def run_plain_optim(workload: Workload) -> tuple[list[float], float]:
     global_w = dict(zip(names, initial_params(workload).values()))
     sizes = [len(c) for c in fed.clients]
     total = float(sum(sizes))
-    times = []
+    timer = RoundTimer()
     for r in range(workload.rounds):
-        t = time.perf_counter()
+        timer.start()
         avg = {k: torch.zeros_like(v) for k, v in global_w.items()}
         for k, client in enumerate(fed.clients):
             net.load_state_dict(global_w)
@@ -310,11 +326,11 @@ def run_plain_optim(workload: Workload) -> tuple[list[float], float]:
                 for name, p in net.named_parameters():
                     avg[name].add_(p, alpha=sizes[k] / total)
         global_w = avg
-        times.append(time.perf_counter() - t)
+        timer.stop()
     net.load_state_dict(global_w)
     with torch.no_grad():
         acc = accuracy(net(fed.test.x), fed.test.y)
-    return times, acc
+    return timer, acc
 
 
 def _padded(fed: Federation) -> tuple[Tensor, Tensor, Tensor]:
@@ -328,7 +344,7 @@ def _padded(fed: Federation) -> tuple[Tensor, Tensor, Tensor]:
     return x, y, sizes
 
 
-def run_vmap(workload: Workload) -> tuple[list[float], float]:
+def run_vmap(workload: Workload) -> tuple[RoundTimer, float]:
     """FedAvg by hand with ``torch.func``: one ``vmap(grad)`` program over every client."""
     fed = federation(workload)
     apply = make_algorithm(workload).model.apply
@@ -345,19 +361,19 @@ def run_vmap(workload: Workload) -> tuple[list[float], float]:
         return params
 
     batched = torch.func.vmap(local, in_dims=(None, 0, 0, 0))
-    times = []
+    timer = RoundTimer()
     for r in range(workload.rounds):
-        t = time.perf_counter()
+        timer.start()
         idx = torch.stack(draws(fed, workload, r))
         out = batched(w, x, y, idx)
         w = {k: torch.tensordot(p, v, dims=1) for k, v in out.items()}
-        times.append(time.perf_counter() - t)
+        timer.stop()
     with torch.no_grad():
         acc = accuracy(apply(w, fed.test.x), fed.test.y)
-    return times, acc
+    return timer, acc
 
 
-def run_floor(workload: Workload) -> tuple[list[float], float]:
+def run_floor(workload: Workload) -> tuple[RoundTimer, float]:
     """The compute floor: each local step is one batch of every client's rows on one model."""
     fed = federation(workload)
     net = torch_model(workload)
@@ -372,22 +388,22 @@ def run_floor(workload: Workload) -> tuple[list[float], float]:
     rows = [(torch.stack(draws(fed, workload, r)) + offsets[:, None, None]).transpose(0, 1).flatten(1)
             for r in range(workload.rounds)]  # fmt: skip
     lr = workload.lr
-    times = []
+    timer = RoundTimer()
     for r in range(workload.rounds):
-        t = time.perf_counter()
+        timer.start()
         for step_rows in rows[r]:
             loss = nn.functional.cross_entropy(net(x[step_rows]), y[step_rows])
             grads = torch.autograd.grad(loss, params)
             with torch.no_grad():
                 for q, g in zip(params, grads):
                     q.add_(g, alpha=-lr)
-        times.append(time.perf_counter() - t)
+        timer.stop()
     with torch.no_grad():
         acc = accuracy(net(fed.test.x), fed.test.y)
-    return times, acc
+    return timer, acc
 
 
-IN_PROCESS: dict[str, Callable[[Workload], tuple[list[float], float]]] = {
+IN_PROCESS: dict[str, Callable[[Workload], tuple[RoundTimer, float]]] = {
     "sequential": lambda w: run_fedrisk(w, "sequential"),
     "vectorized": lambda w: run_fedrisk(w, "vectorized"),
     "plain": run_plain,
@@ -409,8 +425,9 @@ def vm_hwm_mb() -> float:
 def worker(runner: str, workload: Workload, threads: int) -> None:
     """Run one in-process implementation and print its result as a ``RESULT {json}`` line."""
     torch.set_num_threads(threads)
-    times, acc = IN_PROCESS[runner](workload)
-    print("RESULT " + json.dumps({"times": times, "accuracy": acc, "vm_hwm_mb": [vm_hwm_mb()]}), flush=True)
+    timer, acc = IN_PROCESS[runner](workload)
+    result = {"times": timer.wall, "cpu_times": timer.cpu, "accuracy": acc, "vm_hwm_mb": [vm_hwm_mb()]}
+    print("RESULT " + json.dumps(result), flush=True)
 
 
 # -- the driver: one subprocess per implementation ---------------------------------------------
@@ -485,8 +502,9 @@ def command(name: str, workload: Workload, workfile: Callable[[], Path]) -> list
     """The command line that runs implementation ``name`` on ``workload`` (None: unavailable)."""
     impl = IMPLS[name]
     if impl.runner in IN_PROCESS:
-        return [sys.executable, str(HERE / "simulation_speed.py"), "--worker", impl.runner,
-                "--workload", workload.name, "--rounds", str(workload.rounds), "--threads", str(impl.threads)]  # fmt: skip
+        script = str(HERE / "simulation_speed.py")
+        return [sys.executable, script, "--worker", impl.runner, "--workload", workload.name,
+                "--rounds", str(workload.rounds), "--threads", str(impl.threads)]  # fmt: skip
     if impl.runner == "distributed":
         return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(impl.procs),
                 "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
@@ -528,7 +546,8 @@ def run_impl(name: str, workload: Workload, workfile: Callable[[], Path]) -> dic
         "vm_hwm_mb": res["vm_hwm_mb"],
         "tree_pss_peak_mb": tree_peak,
         "process_wall_s": wall,
-        **{k: v for k, v in res.items() if k not in ("times", "accuracy", "vm_hwm_mb")},
+        **({"cpu_s_per_round": statistics.median(res["cpu_times"][1:])} if "cpu_times" in res else {}),
+        **{k: v for k, v in res.items() if k not in ("times", "cpu_times", "accuracy", "vm_hwm_mb")},
         "times": times,
     }
 
@@ -593,6 +612,9 @@ def summarise(runs: list[dict]) -> dict[str, dict[str, dict]]:
                 "s_per_round": statistics.median(med),
                 "range": [min(med), max(med)],
                 "first_round_s": statistics.median(r["first_round_s"] for r in rs),
+                "cpu_s_per_round": statistics.median(r["cpu_s_per_round"] for r in rs)
+                if "cpu_s_per_round" in rs[0]
+                else None,
                 "accuracy": sorted({round(r["accuracy"], 4) for r in rs}),
                 "vm_hwm_mb": max(max(r["vm_hwm_mb"]) for r in rs),
                 "vm_hwm_sum_mb": max(sum(r["vm_hwm_mb"]) for r in rs),
@@ -603,8 +625,8 @@ def summarise(runs: list[dict]) -> dict[str, dict[str, dict]]:
 
 
 def format_table(summary: dict[str, dict[str, dict]]) -> str:
-    head = (f"{'wl':3} {'implementation':15} {'s/round':>9} {'range':>17} {'1st round':>9} {'test acc':>8} "
-            f"{'RSS MiB':>8} {'PSS all':>8} {'vs plain':>8} {'Flower/x':>8}")  # fmt: skip
+    head = (f"{'wl':3} {'implementation':15} {'s/round':>8} {'range':>15} {'cpu s/rd':>8} {'1st rd':>6} "
+            f"{'test acc':>8} {'RSS MiB':>7} {'PSS all':>7} {'vs plain':>8} {'Flower/x':>8}")  # fmt: skip
     lines = [head, "-" * len(head)]
     for wl, table in summary.items():
         plain = table.get("plain", {}).get("s_per_round")
@@ -619,9 +641,10 @@ def format_table(summary: dict[str, dict[str, dict]]) -> str:
             vs_plain = f"{t / plain:.2f}x" if plain else "-"
             vs_flower = f"{flower / t:.0f}x" if flower else "-"
             rss = s["vm_hwm_mb"] if s["vm_hwm_sum_mb"] == s["vm_hwm_mb"] else s["vm_hwm_sum_mb"]
+            cpu = f"{s['cpu_s_per_round']:8.4f}" if s["cpu_s_per_round"] is not None else f"{'-':>8}"
             lines.append(
-                f"{wl:3} {name:15} {t:9.4f} {rng:>17} {s['first_round_s']:9.3f} {acc:>8} "
-                f"{rss:8.0f} {s['tree_pss_peak_mb']:8.0f} {vs_plain:>8} {vs_flower:>8}"
+                f"{wl:3} {name:15} {t:8.4f} {rng:>15} {cpu} {s['first_round_s']:6.2f} {acc:>8} "
+                f"{rss:7.0f} {s['tree_pss_peak_mb']:7.0f} {vs_plain:>8} {vs_flower:>8}"
             )
     return "\n".join(lines)
 

