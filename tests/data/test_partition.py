@@ -234,3 +234,20 @@ def test_split_indices_stratified() -> None:
     assert len(held) == 40
     with pytest.raises(FedriskError, match=r"fraction = 1\.0 is out of range; allowed: \[0\.0, 1\.0\)"):
         split_indices(LABELS, 1.0)
+
+
+def test_class_disjoint_subdivide_gives_more_clients_than_classes() -> None:
+    labels = np.repeat(np.arange(10), 20)
+    groups = [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    parts = class_disjoint(labels, 8, seed=3, groups=groups, subdivide=2)
+    flat = [i for p in parts for i in p]
+    assert sorted(flat) == list(range(200))  # disjoint and complete
+    for p in parts:
+        classes = set(labels[p].tolist())
+        assert classes & set(groups[0]) and classes & set(groups[1])  # both groups on every client
+        assert len(classes) <= 4
+    assert class_disjoint(labels, 8, seed=3, groups=groups, subdivide=2) == parts
+    with pytest.raises(FedriskError, match=r"num_clients = 8 is out of range; allowed: \[1, 5\].*subdivide"):
+        class_disjoint(labels, 8, seed=3, groups=groups)
+    with pytest.raises(FedriskError, match="subdivide = 0"):
+        class_disjoint(labels, 4, groups=groups, subdivide=0)

@@ -281,6 +281,7 @@ def class_disjoint(
     num_clients: int,
     seed: int = 0,
     groups: Sequence[Sequence[int]] | None = None,
+    subdivide: int = 1,
 ) -> Partition:
     """CODASCA's label skew: deal whole classes to clients so that no class is shared.
 
@@ -288,6 +289,11 @@ def class_disjoint(
     their rows.  With ``groups`` (lists of class ids, e.g. the negative and the positive
     classes of a binarised task) each group is shuffled and dealt separately, so every client
     gets classes from every group (CODASCA deals CIFAR-100 classes 0-49 and 50-99 this way).
+
+    ``subdivide = m > 1`` first cuts every class into ``m`` random, equal "sub-classes" that are
+    dealt like classes; no two clients then share a sub-class (disjoint samples), and a client
+    holds a few sub-classes only.  This is how a 10-class set such as Fashion-MNIST gets more
+    clients per group than it has classes (Fashion-MNIST-IH with K = 8: ``subdivide = 2``).
 
     Example:
         >>> labels = [0, 0, 1, 1, 2, 2, 3, 3]
@@ -309,20 +315,34 @@ def class_disjoint(
             )
         if len(listed) != sum(len(g) for g in groups):
             raise FedriskError("class_disjoint: groups must not share a class")
-    smallest = min(len(g) for g in groups)
+    if not isinstance(subdivide, (int, np.integer)) or subdivide < 1:
+        raise FedriskError(f"class_disjoint: subdivide = {subdivide!r} is out of range; allowed: an integer >= 1")
+    smallest = min(len(g) for g in groups) * int(subdivide)
     if not isinstance(num_clients, (int, np.integer)) or num_clients < 1 or num_clients > smallest:
         where = "classes" if len(groups) == 1 else "classes in the smallest group"
+        if subdivide > 1:
+            where = f"sub-classes ({subdivide} per class) in the smallest group"
         raise FedriskError(
             f"num_clients = {num_clients} is out of range; allowed: [1, {smallest}] "
-            f"(class_disjoint needs at least one class per client: there are {smallest} {where})"
+            f"(class_disjoint needs at least one class per client: there are {smallest} {where}; "
+            "partition_options.subdivide cuts each class into several sub-classes)"
         )
     rng = np.random.default_rng(seed)
-    owned: list[list[int]] = [[] for _ in range(num_clients)]
+    # unit u = (class c, part j): the rows of class c in its j-th random part
+    units: dict[tuple[int, int], np.ndarray] = {}
+    for c in present:
+        rows = np.flatnonzero(y == c)
+        if subdivide > 1:
+            rows = rng.permutation(rows)
+        for j, part in enumerate(np.array_split(rows, int(subdivide))):
+            units[(c, j)] = part
+    owned: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for g in groups:
-        shuffled = rng.permutation(np.asarray(g, dtype=np.int64))
+        group_units = [(c, j) for c in g for j in range(int(subdivide))]
+        order = rng.permutation(len(group_units))
         for k in range(num_clients):
-            owned[k].extend(int(c) for c in shuffled[k::num_clients])
-    return [np.flatnonzero(np.isin(y, cs)).tolist() for cs in owned]
+            owned[k].extend(units[group_units[i]] for i in order[k::num_clients])
+    return [sorted(int(i) for part in parts for i in part) for parts in owned]
 
 
 @PARTITIONERS.register("by_attribute", "natural groups: one client (or m clients) per distinct attribute value")
