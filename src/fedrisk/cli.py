@@ -74,7 +74,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 check_out_dir(rd, resume=False, overwrite=False)
         return _sweep(cfg, out, args, grid={}, variants={}, seeds=seeds, jobs=1)
     result = run_experiment(cfg, out, resume=args.resume, overwrite=args.overwrite, progress=_progress(args))
-    print(run_table(result.summary, result.path))
+    if result.primary:
+        print(run_table(result.summary, result.path))
     return 0
 
 

@@ -113,7 +113,7 @@ def test_documented_commands_parse(page):
         assert len(commands) >= 6
 
 
-@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(CONFIGS.rglob("*.toml")), ids=lambda p: str(p.relative_to(CONFIGS)))
 def test_shipped_configs_are_valid(path):
     from fedrisk.experiment.config import load_config
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import signal
+from typing import ClassVar
 
 import pytest
 
 from fedrisk.errors import FedriskError
 from fedrisk.experiment import RunInterrupted, resolve_config, run_experiment
 from fedrisk.experiment.report import format_mean_std
-from fedrisk.experiment.sweep import expand_sweep, parse_grid, run_sweep, toml_literal
+from fedrisk.experiment.sweep import SweepInterrupted, expand_sweep, parse_grid, run_sweep, toml_literal
 
 from .conftest import records, without_time
 from .test_runner import interrupt_at
@@ -68,9 +70,11 @@ def test_sequential_sweep_report_skip_and_resume(tiny, tmp_path, monkeypatch, ca
         with pytest.raises(RunInterrupted):
             run_experiment(point.config, point.path, progress="none", seed=point.seed)
 
-    result = run_sweep(cfg, out, variants=variants, seeds=[0, 1], progress="none")
+    result = run_sweep(cfg, out, variants=variants, seeds=[0, 1], progress="plain")
     assert not result.failed and not result.skipped
-    assert "resuming fedavg seed=1" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "[2/4] resuming fedavg seed=1" in err
+    assert "[fedavg seed=1] round 2/2 | " in err  # the resumed run's plain progress, labelled
     finals = {
         name: [
             json.loads((out / name / f"seed={s}" / "summary.json").read_text())["final"]["test_accuracy"]
@@ -120,3 +124,40 @@ def test_failed_points_are_reported_and_the_rest_runs(tiny, tmp_path):
     assert [p.label for p, _ in result.failed] == ["data.partition_options.min_size=100000"]
     assert "min_size" in result.failed[0][1]
     assert len(result.report.groups) == 1
+
+
+class FakeProcess:
+    """Stands in for a `python -m fedrisk run` child: runs until it gets a signal."""
+
+    started: ClassVar[list[list[str]]] = []
+
+    def __init__(self, cmd, **kwargs):
+        FakeProcess.started.append(cmd)
+        self.pid = 1000 + len(FakeProcess.started)
+        self.returncode = None
+        self.polls = 0
+
+    def poll(self):
+        self.polls += 1
+        if self.polls == 3 and len(FakeProcess.started) == 2:
+            signal.raise_signal(signal.SIGTERM)  # the sweep itself is told to stop
+        return self.returncode
+
+    def send_signal(self, signum):
+        self.returncode = 128 + signum  # the child checkpoints and exits
+
+
+def test_parallel_sweep_stops_on_sigterm_and_forwards_it(tiny, tmp_path, monkeypatch):
+    import fedrisk.experiment.sweep as sweep_module
+
+    FakeProcess.started = []
+    monkeypatch.setattr(sweep_module.subprocess, "Popen", FakeProcess)
+    cfg = resolve_config(tiny)
+    with pytest.raises(SweepInterrupted) as info:
+        run_sweep(cfg, tmp_path / "s", grid={"algorithm.lr": [0.1, 0.2, 0.3]}, seeds=[0], jobs=2, progress="none")
+    assert info.value.exit_code == 143
+    assert len(FakeProcess.started) == 2  # the third point was not started
+    cmd = FakeProcess.started[0]
+    assert cmd[1:5] == ["-m", "fedrisk", "run", str(tmp_path / "s" / "sweep.toml")]
+    assert cmd[cmd.index("--set") + 1] == "algorithm.lr=0.1"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

@@ -18,6 +18,9 @@ Generators:
   (client drift: SCAFFOLD vs FedAvg).  :func:`least_squares_solution` gives the optimum.
 * :func:`perm_two_cluster_data` / :func:`perm_two_cluster_federation` ("perm_synthetic"):
   PERM §4.1, two client clusters with opposite labelling functions.
+* :func:`multi_org_auc_data` / :func:`multi_org_auc_federation` ("multi_org_auc"): CODASCA
+  spec §7.4, five shifted "organisations" with the chest X-ray sizes and positive ratios of
+  the paper's Tables 2 and 6; organisation 0 is the target and the test set is its own.
 
 Example:
     >>> fed = class_split_auc_federation(8, seed=0)
@@ -27,13 +30,15 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from fedrisk.data.federation import Federation, Samples
 from fedrisk.data.loaders import DATASETS, DatasetMeta, LoadedDataset
 from fedrisk.data.partition import by_attribute, class_disjoint
 from fedrisk.data.transforms import derive_seed, positive_count_for_ratio
-from fedrisk.errors import check_range
+from fedrisk.errors import check_range, unknown_name
 
 __all__ = [
     "class_split_auc_data",
@@ -41,6 +46,8 @@ __all__ = [
     "least_squares_data",
     "least_squares_federation",
     "least_squares_solution",
+    "multi_org_auc_data",
+    "multi_org_auc_federation",
     "perm_two_cluster_data",
     "perm_two_cluster_federation",
 ]
@@ -349,3 +356,162 @@ def perm_two_cluster_federation(num_clients: int = 50, *, seed: int = 0, **optio
     fed = _natural_federation(ds, num_clients, f"perm_synthetic-K{num_clients}", info)
     fed.info["client_positive_ratios"] = _positive_ratios(fed.clients)
     return fed
+
+
+# ----------------------------------------------------------------------------- CODASCA Tables 4-5
+
+#: The five chest X-ray organisations of the CODASCA paper's Table 2, in the order Table 4 adds
+#: them as sources (K = 1 is CheXpert alone, K = 2 adds ChestXray8, K = 3 PadChest, "and so on":
+#: MIMIC-CXR, then ChestXrayAD, following Table 2; spec §2.7-11).
+CHEST_XRAY_ORGANISATIONS = ("CheXpert", "ChestXray8", "PadChest", "MIMIC-CXR", "ChestXrayAD")
+
+#: Their sample counts (paper Table 2).
+CHEST_XRAY_SIZES = (224_316, 112_120, 110_641, 377_110, 15_000)
+
+#: Their positive ratios per disease (paper Table 6, one column per CheXpert-competition task).
+CHEST_XRAY_POSITIVE_RATIOS: dict[str, tuple[float, ...]] = {
+    "cardiomegaly": (0.211, 0.025, 0.089, 0.196, 0.153),
+    "edema": (0.342, 0.021, 0.012, 0.179, 0.000),
+    "consolidation": (0.120, 0.042, 0.015, 0.047, 0.024),
+    "atelectasis": (0.310, 0.103, 0.056, 0.246, 0.012),
+    "effusion": (0.414, 0.119, 0.064, 0.237, 0.069),
+}
+
+
+def _unit(g: torch.Generator, dim: int) -> torch.Tensor:
+    v = torch.randn(dim, generator=g)
+    return v / v.norm()
+
+
+@DATASETS.register(
+    "multi_org_auc",
+    "CODASCA Tables 4-5 stand-in: 5 shifted organisations, target = org 0 (attr 'client'; test = target only)",
+)
+def multi_org_auc_data(
+    *,
+    seed: int = 0,
+    num_clients: int = 5,
+    disease: str = "cardiomegaly",
+    size_scale: float = 0.002,
+    test_size: int = 5000,
+    dim: int = 64,
+    separation: float = 1.5,
+    direction_shift: float = 0.3,
+    feature_shift: float = 0.5,
+) -> LoadedDataset:
+    r"""Five synthetic "organisations" with domain shift; organisation 0 is the target
+    (CODASCA spec §7.4, the stand-in for Tables 4-5: "does adding organisations help the target?").
+
+    Organisation ``k = 0..4`` is :data:`CHEST_XRAY_ORGANISATIONS` ``[k]`` (CheXpert is the target):
+
+    * ``n_k = max(1, round(size_scale · S_k))`` training rows, ``S_k`` its Table 2 size (the
+      default scale gives 449, 224, 221, 754, 30 rows: the target has limited data), of which
+      ``round(π_k n_k)`` are positive, ``π_k`` the Table 6 ratio of ``disease`` (Cardiomegaly:
+      0.211, 0.025, 0.089, 0.196, 0.153);
+    * a shared signal direction ``u`` (unit) tilted per organisation,
+      ``w_k = (u + direction_shift · g_k) / ||u + direction_shift · g_k||`` (``g_k`` a random unit
+      vector; ``cos(w_j, w_k) ≈ 1 / (1 + direction_shift²)`` ≈ 0.92 by default), and an
+      organisation-specific feature shift ``m_k`` of norm ``feature_shift`` (a random direction);
+    * rows ``x = m_k + ε + separation · y · w_k``, ``ε ~ N(0, I_dim)``, ``y ∈ {0, 1}``: within an
+      organisation the best scorer is ``w_k·x``, with AUROC ``Φ(separation / √2)`` (0.856 by
+      default; ``meta.notes["bayes_auroc"]``).
+
+    ``num_clients = K ∈ {1..5}`` keeps the training rows of organisations ``0..K−1``
+    (``attrs["client"] = k``; one client each with the ``by_attribute`` partition).  The test set
+    is always the target's held-out split: ``test_size`` fresh rows of organisation 0 with its
+    ratio ``π_0``.  Every organisation draws from its own generator (derived from ``seed`` and
+    ``k``) and all five are drawn whatever ``K`` is, so organisation ``k``'s rows and the test set
+    are identical for every ``K`` and depend on ``seed`` only.
+
+    Resolved choices (the spec leaves them open): the classes differ by a mean shift along
+    ``w_k`` with identity covariance; the shift ``m_k`` does not depend on the class; sources are
+    added in Table 2's order; a disease with a 0.000 ratio (Edema at ChestXrayAD) gives a
+    single-class organisation.
+
+    Example:
+        >>> tr, te, meta = multi_org_auc_data(num_clients=2, seed=0)
+        >>> len(tr), len(te), sorted(set(tr.attrs["client"].tolist())), set(te.attrs["client"].tolist())
+        (673, 5000, [0, 1], {0})
+        >>> meta.notes["train_sizes"], meta.notes["train_positives"]
+        ([449, 224, 221, 754, 30], [95, 6, 20, 148, 5])
+    """
+    _check_int("num_clients", num_clients, 1)
+    check_range("num_clients", num_clients, 1, len(CHEST_XRAY_ORGANISATIONS))
+    if disease not in CHEST_XRAY_POSITIVE_RATIOS:
+        raise unknown_name("disease", disease, CHEST_XRAY_POSITIVE_RATIOS)
+    check_range("size_scale", size_scale, 0.0, None, low_inclusive=False)
+    _check_int("test_size", test_size, 1)
+    _check_int("dim", dim, 1)
+    check_range("separation", separation, 0.0, None)
+    check_range("direction_shift", direction_shift, 0.0, None)
+    check_range("feature_shift", feature_shift, 0.0, None)
+    ratios = CHEST_XRAY_POSITIVE_RATIOS[disease]
+    sizes = [max(1, round(size_scale * s)) for s in CHEST_XRAY_SIZES]
+    positives = [round(r * n) for r, n in zip(ratios, sizes)]
+    u = _unit(_gen(seed, "multi_org_auc/shared"), dim)
+
+    def organisation(k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = _gen(seed, f"multi_org_auc/domain/{k}")
+        w = u + direction_shift * _unit(g, dim)
+        return w / w.norm(), feature_shift * _unit(g, dim)
+
+    domains = [organisation(k) for k in range(len(sizes))]
+
+    def draw(k: int, n: int, n_pos: int, tag: str) -> Samples:
+        g = _gen(seed, f"multi_org_auc/{tag}/{k}")
+        w, m = domains[k]
+        y = (torch.arange(n) < n_pos).long()
+        x = m + torch.randn(n, dim, generator=g) + separation * y[:, None].float() * w
+        return Samples(x, y, {"client": torch.full((n,), k, dtype=torch.long)})
+
+    orgs = [draw(k, n, p, "train") for k, (n, p) in enumerate(zip(sizes, positives))]
+    train = Samples.concat(orgs[:num_clients])
+    test = draw(0, test_size, round(ratios[0] * test_size), "test")
+    directions = torch.stack([w for w, _ in domains])
+    meta = DatasetMeta(
+        "multi_org_auc",
+        2,
+        ["negative", "positive"],
+        source="generated (CODASCA spec §7.4, Tables 4-5 stand-in)",
+        attr_names={"client": list(CHEST_XRAY_ORGANISATIONS[:num_clients])},
+        notes={
+            "natural_attribute": "client",
+            "target": 0,
+            "organisations": list(CHEST_XRAY_ORGANISATIONS),
+            "disease": disease,
+            "positive_ratios": list(ratios),
+            "train_sizes": sizes,
+            "train_positives": positives,
+            "direction_cosines_to_target": [round(float(c), 6) for c in directions @ directions[0]],
+            "bayes_auroc": 0.5 * (1.0 + math.erf(separation / 2.0)),
+        },
+    )
+    return LoadedDataset(train, test, meta)
+
+
+def multi_org_auc_federation(num_clients: int = 5, *, seed: int = 0, **options: object) -> Federation:
+    """:func:`multi_org_auc_data` with organisations ``0..K−1`` as clients ``0..K−1`` and the
+    target's held-out split as the global test set (what ``build_federation("multi_org_auc",
+    "by_attribute", K)`` makes too, there with the data seed derived from the run seed).
+
+    Example:
+        >>> fed = multi_org_auc_federation(3, seed=0)
+        >>> fed.client_sizes, [round(r, 3) for r in fed.info["client_positive_ratios"]]
+        ((449, 224, 221), [0.212, 0.027, 0.09])
+    """
+    ds = multi_org_auc_data(seed=seed, num_clients=num_clients, **options)  # type: ignore[arg-type]
+    parts = by_attribute(ds.train.attrs["client"], num_clients)
+    clients = [ds.train.subset(p) for p in parts]
+    info = {
+        "dataset": "multi_org_auc",
+        "dataset_options": dict(options),
+        "partition": "by_attribute",
+        "seed": seed,
+        "organisations": ds.meta.attr_names["client"],
+        "positive_ratio": float(ds.train.y.float().mean()),
+        "client_positive_ratios": _positive_ratios(clients),
+        "bayes_auroc": ds.meta.notes["bayes_auroc"],
+    }
+    return Federation(
+        f"multi_org_auc-K{num_clients}", clients, 2, test=ds.test, class_names=ds.meta.class_names, info=info
+    )

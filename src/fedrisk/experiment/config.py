@@ -4,7 +4,8 @@ resolved config written with every run.
 A config has these sections (``docs/config-reference.md`` lists every key; ``fedrisk list``
 the names)::
 
-    imports = []            # optional: modules to import first (your own algorithms, datasets)
+    imports = []            # optional: modules to import first (your own algorithms, datasets);
+                            # the config's folder and the current folder go on sys.path
     [data]                  # dataset, partition, num_clients, ... -> fedrisk.data.build_federation
     [data.dataset_options]  # options of the dataset loader (open table, checked against it)
     [data.partition_options]# options of the partitioner: alpha, min_size, classes_per_client, ...
@@ -338,7 +339,6 @@ SCHEMA: dict[str, list[Option]] = {
 
 SECTIONS = ("data", "model", "objective", "algorithm", "attack", "run", "output", "sweep")
 OPTIONAL_TABLES = {"data.binarize", "data.feature_noise", "data.label_noise"}
-OPEN_SECTIONS = {"model", "algorithm", "attack"}
 
 
 def _schema(section: str) -> dict[str, Option]:
@@ -1041,10 +1041,6 @@ def resolve_seeds(spec: int | Sequence[int], base: int = 0) -> list[int]:
     if isinstance(spec, int):
         return list(range(base, base + spec))
     return list(spec)
-
-
-def write_toml(path: str | Path, data: Mapping[str, Any]) -> None:
-    Path(path).write_text(tomli_w.dumps(to_toml_value(dict(data))))
 
 
 # ============================================================================= reference

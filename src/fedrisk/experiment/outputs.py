@@ -42,8 +42,7 @@ CHECKPOINT = "checkpoint.pt"
 PARTITION_JSON = "partition.json"
 PARTITION_MD = "partition.md"
 PLOTS = "plots"
-LOG = "log.txt"
-OUTPUT_FILES = (CONFIG, METRICS, SUMMARY, CHECKPOINT, PARTITION_JSON, PARTITION_MD, LOG)
+OUTPUT_FILES = (CONFIG, METRICS, SUMMARY, CHECKPOINT, PARTITION_JSON, PARTITION_MD)
 """Files a run owns (``--overwrite`` removes exactly these and ``plots/``)."""
 
 RECORD_KEYS = ("round", "bytes_down", "bytes_up", "wall_time")
@@ -154,10 +153,6 @@ class RunDir:
     @property
     def plots(self) -> Path:
         return self.path / PLOTS
-
-    @property
-    def log(self) -> Path:
-        return self.path / LOG
 
     def status(self) -> str:
         """``"empty"`` (no run), ``"finished"``, ``"checkpointed"`` (interrupted, resumable)

@@ -3,8 +3,15 @@ checkpoint, resume.
 
 :func:`build_simulation` turns a config into a :class:`~fedrisk.runtime.simulation.Simulation`
 (``build_federation`` -> model -> objective -> algorithm).  :func:`run_experiment` runs it
-through :func:`fedrisk.api.run_simulation` with three callbacks: :class:`MetricsWriter`
+through :func:`fedrisk.api.run_simulation` with four callbacks: :class:`TrainMetrics` (the
+round's training metrics into each evaluation record), :class:`MetricsWriter`
 (``metrics.jsonl``), :class:`~fedrisk.experiment.progress.Progress` and :class:`Checkpointer`.
+
+Under the distributed executor (``torchrun ... -m fedrisk run CONFIG --set
+run.executor=distributed``) every process runs this same code: the run directory is checked
+and the checkpoint read once by rank 0 (``run_on_primary``), only rank 0 writes and shows
+progress, and a signal seen by any process stops all of them after the same round
+(``any_rank``).
 
 Checkpoints and exact resume.  Every random draw of a run comes from a generator derived from
 ``(seed, round, client, stream)`` by :mod:`fedrisk.rng`, so the random state of a run *is* its
@@ -33,7 +40,7 @@ import json
 import random
 import signal
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -55,16 +62,19 @@ from fedrisk.experiment.config import (
     model_options,
 )
 from fedrisk.experiment.outputs import (
+    RECORD_KEYS,
     RunDir,
     append_jsonl,
     atomic_torch_save,
     atomic_write_text,
+    load_run,
     write_json,
     write_jsonl,
 )
 from fedrisk.experiment.progress import Progress
 from fedrisk.runtime.evaluation import LOWER_IS_BETTER
-from fedrisk.runtime.simulation import RoundReport, Simulation
+from fedrisk.runtime.executor import Executor
+from fedrisk.runtime.simulation import RoundReport, Simulation, make_executor
 
 CHECKPOINT_FORMAT = 1
 SIGNAL_NAMES = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
@@ -111,7 +121,7 @@ def run_seed(cfg: ExperimentConfig) -> int:
     return seeds[0] if seeds else cfg["run.seed"]
 
 
-def build_simulation(cfg: ExperimentConfig, seed: int | None = None) -> Built:
+def build_simulation(cfg: ExperimentConfig, seed: int | None = None, executor: Executor | None = None) -> Built:
     """Federation, model, objective, algorithm (and attack) of ``cfg`` as a fresh Simulation.
 
     Example:
@@ -188,7 +198,7 @@ def build_simulation(cfg: ExperimentConfig, seed: int | None = None) -> Built:
         algorithm,
         fed,
         seed=seed,
-        executor=cfg["run.executor"],
+        executor=executor if executor is not None else cfg["run.executor"],
         dtype=dtype,
         attack=attack,
         byzantine=byzantine,
@@ -357,7 +367,9 @@ class Checkpointer(Callback):
     has seen a signal, once more before stopping the run.
 
     A round counts as completed after its evaluation when one is due, so the checkpoint's
-    history always holds every evaluation up to its round.
+    history always holds every evaluation up to its round.  With ``agree`` (the distributed
+    executor's ``any_rank``) a signal seen by any process stops every process after the same
+    round; only the primary process writes.
     """
 
     def __init__(
@@ -370,8 +382,10 @@ class Checkpointer(Callback):
         guard: SignalGuard | None,
         history: History,
         elapsed: Any,
+        agree: Callable[[bool], bool] | None = None,
     ) -> None:
         self.path = path
+        self.agree = agree
         self.config = dict(config)
         self.rounds = rounds
         self.eval_every = eval_every
@@ -392,9 +406,13 @@ class Checkpointer(Callback):
             self._completed(sim)
 
     def _completed(self, sim: Simulation) -> None:
-        if self.guard is not None and self.guard.signum is not None:
+        seen = self.guard is not None and self.guard.signum is not None
+        if self.agree is not None:  # every process stops after the same round
+            seen = self.agree(seen)
+        if seen:
             self.save(sim)
-            raise _Stop(self.guard.signum)
+            signum = self.guard.signum if self.guard is not None and self.guard.signum is not None else signal.SIGTERM
+            raise _Stop(signum)
         if self.every and sim.round % self.every == 0 and sim.round < self.rounds:
             self.save(sim)
 
@@ -444,6 +462,7 @@ class RunResult:
     path: Path
     summary: dict[str, Any]
     history: History
+    primary: bool = True  # False in the non-writing processes of a distributed run
 
 
 def default_out_dir(cfg: ExperimentConfig) -> Path:
@@ -512,40 +531,56 @@ def run_experiment(
     if cfg["run.seeds"] or cfg["run.seed"] != seed:
         cfg = cfg.with_overrides({"run.seed": seed, "run.seeds": []})
     rd = RunDir(out if out is not None else default_out_dir(cfg))
-    check_out_dir(rd, resume=resume, overwrite=overwrite)
-    ckpt = None
-    if resume:
-        ckpt = load_checkpoint(rd.checkpoint)
-        diffs = diff_configs(ckpt["config"], cfg.semantic())
-        if diffs:
-            lines = ", ".join(f"{k} (checkpoint: {_show(a)}, now: {_show(b)})" for k, a, b in diffs)
-            raise FedriskError(
-                f"the config differs from the checkpoint's in {rd.path}: {lines}. Resume with the same config "
-                f"(e.g. {rd.config}) or start again with --overwrite"
-            )
-    elif overwrite:
-        rd.clear()
+    executor = make_executor(cfg["run.executor"])
+    # the run directory is decided (and the checkpoint read) once, by the primary process
+    on_primary = getattr(executor, "run_on_primary", None) or (lambda fn: fn())
+    ckpt = on_primary(lambda: _prepare_dir(rd, cfg, resume=resume, overwrite=overwrite))
 
     threads_before = torch.get_num_threads()
     if cfg["run.threads"]:
         torch.set_num_threads(cfg["run.threads"])
-    rounds = cfg["run.rounds"]
-    show = Progress(rounds, mode=progress, stream=stream, label=label)
+    show = Progress(cfg["run.rounds"], mode=progress if executor.is_primary else "none", stream=stream, label=label)
     try:
         with SignalGuard(stream=show.stream if show.mode != "none" else None, newline=show.mode == "bar") as guard:
-            return _run(cfg, rd, ckpt, seed, show, guard)
+            return _run(cfg, rd, ckpt, seed, executor, show, guard)
     finally:
         torch.set_num_threads(threads_before)
 
 
+def _prepare_dir(rd: RunDir, cfg: ExperimentConfig, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:
+    """Check the run directory; clear it for --overwrite; return the checkpoint for --resume."""
+    check_out_dir(rd, resume=resume, overwrite=overwrite)
+    if not resume:
+        if overwrite:
+            rd.clear()
+        return None
+    ckpt = load_checkpoint(rd.checkpoint)
+    diffs = diff_configs(ckpt["config"], cfg.semantic())
+    if diffs:
+        lines = ", ".join(f"{k} (checkpoint: {_show(a)}, now: {_show(b)})" for k, a, b in diffs)
+        raise FedriskError(
+            f"the config differs from the checkpoint's in {rd.path}: {lines}. Resume with the same config "
+            f"(e.g. {rd.config}) or start again with --overwrite"
+        )
+    return ckpt
+
+
 def _run(
-    cfg: ExperimentConfig, rd: RunDir, ckpt: dict[str, Any] | None, seed: int, show: Progress, guard: SignalGuard
+    cfg: ExperimentConfig,
+    rd: RunDir,
+    ckpt: dict[str, Any] | None,
+    seed: int,
+    executor: Executor,
+    show: Progress,
+    guard: SignalGuard,
 ) -> RunResult:
-    built = build_simulation(cfg, seed)
+    built = build_simulation(cfg, seed, executor=executor)
     sim = built.simulation
-    rd.path.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(rd.config, cfg.to_toml())
-    _write_partition(rd, sim)
+    primary = executor.is_primary
+    if primary:
+        rd.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(rd.config, cfg.to_toml())
+        _write_partition(rd, sim)
 
     history = History()
     elapsed_before = 0.0
@@ -557,7 +592,8 @@ def _run(
         torch.set_rng_state(rng["torch"])
         np.random.set_state(rng["numpy"])
         random.setstate(rng["python"])
-    write_jsonl(rd.metrics, history.records)
+    if primary:
+        write_jsonl(rd.metrics, history.records)
 
     rounds = cfg["run.rounds"]
     show.elapsed_before = elapsed_before
@@ -570,7 +606,12 @@ def _run(
         guard,
         history,
         show.elapsed,
+        agree=getattr(executor, "any_rank", None),
     )
+    callbacks: list[Callback] = [TrainMetrics()]
+    if primary:
+        callbacks.append(MetricsWriter(rd.metrics))
+    callbacks += [show, checkpointer]
     try:
         run_simulation(
             sim,
@@ -579,7 +620,7 @@ def _run(
             eval_at_start=cfg["run.eval_at_start"],
             metrics=cfg["run.metrics"] or auto_metrics(sim),
             splits=cfg["run.splits"],
-            callbacks=[TrainMetrics(), MetricsWriter(rd.metrics), show, checkpointer],
+            callbacks=callbacks,
             history=history,
             elapsed_before=elapsed_before,
         )
@@ -588,13 +629,13 @@ def _run(
         raise RunInterrupted(stop.signum, sim.round, rd) from None
     checkpointer.save(sim)
     summary = make_summary(cfg, built.resolved, sim, history)
-    write_json(rd.summary, summary)
-    if cfg["output.plots"] and history.records:
-        from fedrisk.experiment.outputs import load_run
-        from fedrisk.experiment.plots import plot_run
+    if primary:
+        write_json(rd.summary, summary)
+        if cfg["output.plots"] and history.records:
+            from fedrisk.experiment.plots import plot_run
 
-        plot_run(load_run(rd.path), rd.plots)
-    return RunResult(rd.path, summary, history)
+            plot_run(load_run(rd.path), rd.plots)
+    return RunResult(rd.path, summary, history, primary)
 
 
 def _show(value: Any) -> str:
@@ -617,8 +658,6 @@ def _write_partition(rd: RunDir, sim: Simulation) -> None:
 def best_values(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per evaluation metric: the best value over the evaluations and its round (min for
     losses).  Training metrics (``train_*``) have no "best" and are left out."""
-    from fedrisk.experiment.outputs import RECORD_KEYS
-
     best: dict[str, dict[str, Any]] = {}
     for r in records:
         for k, v in r.items():
@@ -640,7 +679,6 @@ def make_summary(
     cfg: ExperimentConfig, resolved: Mapping[str, Any], sim: Simulation, history: History
 ) -> dict[str, Any]:
     last = history.records[-1] if history.records else {}
-    from fedrisk.experiment.outputs import RECORD_KEYS
 
     return {
         "status": "finished",

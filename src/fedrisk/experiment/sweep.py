@@ -232,7 +232,8 @@ def run_sweep(
     """
     out = Path(out)
     stream = stream if stream is not None else sys.stderr
-    echo = echo or (lambda line: print(line, file=stream, flush=True))
+    if echo is None:
+        echo = (lambda line: None) if progress == "none" else (lambda line: print(line, file=stream, flush=True))
     points = expand_sweep(cfg, out, grid=grid, variants=variants, seeds=seeds)
     out.mkdir(parents=True, exist_ok=True)
     _write_sweep_config(cfg, out, grid, variants, seeds)
@@ -324,7 +325,7 @@ def _run_parallel(todo, total, out, jobs, cfg, echo) -> list:
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, handler)
     try:
-        while pending or running:
+        while running or (pending and not stop):
             while pending and len(running) < jobs and not stop:
                 p = pending.popleft()
                 mode = _mode(p)
