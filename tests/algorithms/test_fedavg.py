@@ -255,3 +255,26 @@ def test_more_clients_per_round_than_clients_is_rejected() -> None:
     alg = FedAvg(model=mlp(), loss=cross_entropy, clients_per_round=4)
     with pytest.raises(FedriskError, match=r"clients_per_round = 4 .*\[1, 3\]"):
         Simulation(alg, federation((3, 3, 3)))
+
+
+def test_default_metrics_include_log_loss_on_logits() -> None:
+    """Evaluation scores log-loss from logits (softmax heads) and from probabilities alike."""
+    import torch
+
+    from fedrisk.data.federation import Federation, Samples
+    from fedrisk.metrics import log_loss
+    from fedrisk.models import FunctionalModel, build_model
+    from fedrisk.objectives.supervised import cross_entropy
+    from fedrisk.runtime.evaluation import score_split
+
+    g = torch.Generator().manual_seed(0)
+    s = Samples(torch.randn(50, 4, generator=g), torch.randint(0, 3, (50,), generator=g))
+    fed = Federation("toy", [s], 3, test=s)
+    model = FunctionalModel(build_model("logreg", (4,), 3))
+    alg = FedAvg(model=model, loss=cross_entropy)
+    params = model.init_params(0)
+    logits = model.apply(params, s.x)
+    assert logits.min() < 0  # really logits
+    got = score_split(alg, params, fed.test, ["log_loss", "accuracy"])
+    assert got["log_loss"] == pytest.approx(log_loss(logits, s.y, from_logits=True))
+    assert got["log_loss"] == pytest.approx(float(cross_entropy(logits, s.y)), rel=1e-5)

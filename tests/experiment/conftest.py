@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import copy
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 import tomli_w
 import torch
+
+from fedrisk.experiment.progress import Progress
 
 TINY: dict[str, Any] = {
     "data": {"dataset": "digits", "num_clients": 3, "partition": "dirichlet", "partition_options": {"alpha": 0.5}},
@@ -47,3 +50,28 @@ def records(run_dir: Path) -> list[dict[str, Any]]:
 def without_time(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Records without wall_time (the only value allowed to differ between equal runs)."""
     return [{k: v for k, v in r.items() if k != "wall_time"} for r in recs]
+
+
+def interrupt_at(monkeypatch, round_: int, signum: int = signal.SIGTERM) -> None:
+    """Deliver a real ``signum`` to this process right after round ``round_`` (before its
+    evaluation and checkpoint hooks run)."""
+    original = Progress.on_round_end
+
+    def hook(self, sim, report):
+        original(self, sim, report)
+        if sim.round == round_:
+            signal.raise_signal(signum)
+
+    monkeypatch.setattr(Progress, "on_round_end", hook)
+
+
+def crash_at(monkeypatch, round_: int) -> None:
+    """A hard failure (no checkpoint on the way out) after round ``round_``."""
+    original = Progress.on_round_end
+
+    def hook(self, sim, report):
+        original(self, sim, report)
+        if sim.round == round_:
+            raise RuntimeError("simulated crash")
+
+    monkeypatch.setattr(Progress, "on_round_end", hook)

@@ -14,7 +14,9 @@ from fedrisk.experiment.outputs import load_run
 from fedrisk.experiment.report import format_mean_std, group_curve, group_runs, make_report, mean_std
 
 
-def fake_run(path: Path, algorithm: str, seed: int, accs: list[float], lr: float = 0.1, finished: bool = True) -> Path:
+def fake_run(
+    path: Path, algorithm: str, seed: int, accs: list[float], lr: float = 0.1, finished: bool = True, **extra
+) -> Path:
     """A run directory as the runner writes it (only the parts a report reads)."""
     path.mkdir(parents=True)
     config = {
@@ -23,6 +25,7 @@ def fake_run(path: Path, algorithm: str, seed: int, accs: list[float], lr: float
         "run": {"seed": seed, "seeds": [], "checkpoint_every": seed},
         "output": {"dir": str(path)},
     }
+    config["algorithm"].update(extra)
     (path / "config.toml").write_text(tomli_w.dumps(config))
     recs = [
         {
@@ -83,6 +86,13 @@ def test_labels_name_the_differing_keys_and_curves_average_seeds(tmp_path):
     curve = group_curve(groups[0], ["test_accuracy"])
     assert curve.rounds == [2, 4] and curve.megabytes == [0.0015, 0.003]
     assert curve.values["test_accuracy"][0] == pytest.approx([0.6, 0.7])
+
+
+def test_labels_leave_out_keys_only_one_algorithm_has(tmp_path):
+    fake_run(tmp_path / "a", "fedavg", 0, [0.5], weighting="samples")
+    fake_run(tmp_path / "b", "scaffold", 0, [0.6], control_option="II", lr=0.2)
+    report = make_report([tmp_path], plots=False)
+    assert [g.label for g in report.groups] == ["fedavg, lr=0.1", "scaffold, lr=0.2"]
 
 
 def test_sweep_layout_labels_use_the_directory_name(tmp_path):

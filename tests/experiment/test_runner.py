@@ -11,35 +11,9 @@ import torch
 
 from fedrisk.errors import FedriskError
 from fedrisk.experiment import RunDir, RunInterrupted, load_config, resolve_config, run_experiment
-from fedrisk.experiment.progress import Progress
 from fedrisk.experiment.runner import SignalGuard, build_simulation, load_checkpoint
 
-from .conftest import records, without_time
-
-
-def interrupt_at(monkeypatch, round_: int, signum: int = signal.SIGTERM) -> None:
-    """Deliver a real ``signum`` to this process right after round ``round_`` (before its
-    evaluation and checkpoint hooks run)."""
-    original = Progress.on_round_end
-
-    def hook(self, sim, report):
-        original(self, sim, report)
-        if sim.round == round_:
-            signal.raise_signal(signum)
-
-    monkeypatch.setattr(Progress, "on_round_end", hook)
-
-
-def crash_at(monkeypatch, round_: int) -> None:
-    """A hard failure (no checkpoint on the way out) after round ``round_``."""
-    original = Progress.on_round_end
-
-    def hook(self, sim, report):
-        original(self, sim, report)
-        if sim.round == round_:
-            raise RuntimeError("simulated crash")
-
-    monkeypatch.setattr(Progress, "on_round_end", hook)
+from .conftest import crash_at, interrupt_at, records, without_time
 
 
 def test_run_writes_every_output(tiny, tmp_path):

@@ -13,8 +13,7 @@ from fedrisk.experiment import RunInterrupted, resolve_config, run_experiment
 from fedrisk.experiment.report import format_mean_std
 from fedrisk.experiment.sweep import SweepInterrupted, expand_sweep, parse_grid, run_sweep, toml_literal
 
-from .conftest import records, without_time
-from .test_runner import interrupt_at
+from .conftest import interrupt_at, records, without_time
 
 
 def test_expand_labels_variants_grid_and_seeds(tiny, tmp_path):

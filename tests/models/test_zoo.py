@@ -280,7 +280,9 @@ def test_build_model_errors(args: tuple, options: dict, fragments: list[str]) ->
         assert fragment in str(info.value), str(info.value)
 
 
-@pytest.mark.parametrize("name, options", [("logreg", {}), ("mlp", {"hidden": [8, 4]}), ("mlp", {"output_activation": "sigmoid"})])
+@pytest.mark.parametrize(
+    "name, options", [("logreg", {}), ("mlp", {"hidden": [8, 4]}), ("mlp", {"output_activation": "sigmoid"})]
+)
 def test_functional_fast_path_equals_module_forward(name: str, options: dict) -> None:
     module = build_model(name, FLAT, 3, **options).double()
     fm = FunctionalModel(module)

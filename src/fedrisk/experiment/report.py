@@ -5,7 +5,8 @@ tabulate final and best metrics as mean ± std over seeds, and plot one curve pe
   :func:`fedrisk.experiment.config.semantic_view`), minus ``run.seed`` / ``run.seeds``.
 * A configuration's label is its sweep directory name (``DIR/<label>/seed=<s>``) when the runs
   come from a sweep, else the keys in which the configurations differ (``lr=0.1``; the
-  algorithm name alone for ``algorithm.name``).
+  algorithm name alone for ``algorithm.name``; keys that only some configurations have, such
+  as one algorithm's own hyper-parameters, are implied by the algorithm name and left out).
 * "final" is the last evaluation of each run; "best" the best evaluation of each run (the
   minimum for losses, the maximum otherwise).  Standard deviations are sample standard
   deviations (``ddof = 1``) over seeds; with one seed only the mean is shown.
@@ -87,7 +88,13 @@ def group_runs(runs: Sequence[RunData]) -> list[Group]:
 
 
 def _label(groups: list[Group]) -> None:
-    differing = sorted({k for g in groups for k in g.config if any(g.config.get(k) != h.config.get(k) for h in groups)})
+    # keys every configuration has and that differ between them; keys only some algorithms have
+    # are implied by algorithm.name (shown alone, first)
+    shared = set.intersection(*(set(g.config) for g in groups)) if groups else set()
+    differing = sorted(
+        (k for k in shared if len({repr(g.config[k]) for g in groups}) > 1),
+        key=lambda k: (k != "algorithm.name", k),
+    )
     for g in groups:
         parents = {r.path.parent for r in g.runs}
         if len(parents) == 1 and all(_SEED_DIR.match(r.path.name) for r in g.runs):

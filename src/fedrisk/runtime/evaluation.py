@@ -15,7 +15,7 @@ from torch import Tensor
 
 from fedrisk.algorithms.base import Algorithm
 from fedrisk.data.federation import Federation, Samples
-from fedrisk.metrics import parse_metric
+from fedrisk.metrics import log_loss, parse_metric
 from fedrisk.tree import Tree
 
 LOWER_IS_BETTER = ("log_loss", "loss")
@@ -35,9 +35,26 @@ def predict(algorithm: Algorithm, params: Tree, x: Tensor, chunk: int = 4096) ->
     return torch.cat(outs) if outs else torch.empty(0)
 
 
+def looks_like_probabilities(outputs: Tensor) -> bool:
+    """True for sigmoid scores in [0, 1] (one column) or rows of a probability simplex."""
+    if outputs.numel() == 0 or outputs.min() < 0 or outputs.max() > 1:
+        return False
+    if outputs.dim() == 1 or outputs.shape[-1] == 1:
+        return True
+    return bool(torch.allclose(outputs.sum(-1), torch.ones((), dtype=outputs.dtype), atol=1e-5))
+
+
 def score_split(algorithm: Algorithm, params: Tree, split: Samples, metrics: Sequence[str]) -> dict[str, float]:
+    """Every metric of the model with ``params`` on ``split``; log-loss reads the outputs as
+    probabilities when they are (sigmoid scorers, softmax heads) and as logits otherwise."""
     scores = predict(algorithm, params, split.x)
-    return {m: parse_metric(m)(scores, split.y) for m in metrics}
+    out = {}
+    for m in metrics:
+        if m == "log_loss":
+            out[m] = log_loss(scores, split.y, from_logits=not looks_like_probabilities(scores))
+        else:
+            out[m] = parse_metric(m)(scores, split.y)
+    return out
 
 
 def evaluate(

@@ -198,7 +198,8 @@ def _mean_metrics(metrics: dict[int, dict[str, torch.Tensor]]) -> dict[str, floa
     out = {}
     for key in sorted(keys):
         vals = [m[key] for m in metrics.values() if key in m]
-        if all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in vals) and len({(v.dtype, v.device) for v in vals}) == 1:
+        same_kind = len({(v.dtype, v.device) for v in vals if isinstance(v, torch.Tensor)}) == 1
+        if same_kind and all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in vals):
             floats = torch.stack(vals).tolist()  # the same numbers as float(v), in one call
         else:
             floats = [float(v) for v in vals]
