@@ -23,13 +23,13 @@ def test_run_writes_every_output(tiny, tmp_path):
     rd = RunDir(result.path)
     recs = records(rd.path)
     assert [r["round"] for r in recs] == [1, 2, 3, 4]
-    assert list(recs[0]) == ["round", "test_accuracy", "bytes_down", "bytes_up", "wall_time", "train_loss"]
+    assert list(recs[0]) == ["round", "test_accuracy", "test_log_loss", "bytes_down", "bytes_up", "wall_time", "train_loss"]
     # 3 clients x 650 float32 parameters of logreg(64 -> 10) down and up every round
     assert [r["bytes_down"] for r in recs] == [3 * 650 * 4 * k for k in (1, 2, 3, 4)]
     assert recs[-1]["bytes_up"] == recs[-1]["bytes_down"]
     summary = json.loads(rd.summary.read_text())
     assert summary["status"] == "finished" and summary["rounds"] == 4
-    assert summary["final"] == {"test_accuracy": recs[-1]["test_accuracy"], "train_loss": recs[-1]["train_loss"]}
+    assert summary["final"] == {k: recs[-1][k] for k in ("test_accuracy", "test_log_loss", "train_loss")}
     best = max(recs, key=lambda r: r["test_accuracy"])
     assert summary["best"]["test_accuracy"]["value"] == best["test_accuracy"]
     assert summary["resolved"]["num_outputs"] == 10 and summary["resolved"]["objective"] == "cross_entropy"

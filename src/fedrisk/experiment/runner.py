@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 import fedrisk
-from fedrisk.api import Callback, History, run_simulation
+from fedrisk.api import Callback, History, resolve_metrics, run_simulation
 from fedrisk.errors import FedriskError
 from fedrisk.experiment.config import (
     AUTO,
@@ -226,30 +226,6 @@ def wants_scorer(cls: type, num_classes: int) -> bool:
     if declared is not None:
         return bool(declared) and num_classes == 2
     return algorithm_fields(cls).loss is None and num_classes == 2
-
-
-def auto_metrics(sim: Simulation) -> list[str]:
-    """The metrics of ``run.metrics = []``: the library's defaults
-    (:func:`fedrisk.runtime.evaluation.default_metrics`), less ``log_loss`` when the evaluation
-    cannot score this model's outputs with it (raw logits where probabilities are expected;
-    probed once on a few rows)."""
-    from fedrisk.api import resolve_metrics
-    from fedrisk.runtime.evaluation import score_split
-
-    names = resolve_metrics(sim, None)
-    if "log_loss" not in names:
-        return names
-    fed = sim.federation
-    split = fed.test if fed.test is not None else fed.clients[0]
-    probe = split.subset(range(min(64, len(split))))
-    params = sim.algorithm.global_params(sim.server_state)
-    if params is None:
-        params = sim.algorithm.personal_params(sim.server_state, sim.client_states[0], 0)
-    try:
-        score_split(sim.algorithm, params, probe, ["log_loss"])
-    except FedriskError:
-        return [m for m in names if m != "log_loss"]
-    return names
 
 
 def build_aggregator(spec: str | Mapping[str, Any]) -> Any:
@@ -618,7 +594,7 @@ def _run(
             rounds,
             eval_every=cfg["run.eval_every"],
             eval_at_start=cfg["run.eval_at_start"],
-            metrics=cfg["run.metrics"] or auto_metrics(sim),
+            metrics=cfg["run.metrics"] or resolve_metrics(sim, None),
             splits=cfg["run.splits"],
             callbacks=callbacks,
             history=history,
