@@ -68,6 +68,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -143,7 +144,7 @@ DEFAULT_IMPLS = {
         "plain", "sequential", "vectorized", "floor", "vectorized-2t", "floor-2t", "vmap",
         "plain-optim", "distributed-2p", "flower",
     ],
-    "H": ["sequential", "distributed-1p", "distributed-2p"],
+    "H": ["distributed-1p", "distributed-2p"],
 }  # fmt: skip
 
 
@@ -613,6 +614,7 @@ def run_pair(pair: tuple[str, str], workload: Workload) -> dict:
     return {
         "pair": list(pair),
         "ratios": ratios,
+        "cpu_ratios": [x / y for x, y in zip(ra["cpu_times"][1:], rb["cpu_times"][1:])],
         "ratio": statistics.median(ratios),
         "s_per_round": [statistics.median(ra["times"][1:]), statistics.median(rb["times"][1:])],
         "accuracy": [ra["accuracy"], rb["accuracy"]],
@@ -664,12 +666,16 @@ def check_targets(
         def meets(ratio: float, bound: float = bound, kind: str = kind) -> bool:
             return ratio <= bound if kind == "max" else ratio >= bound
 
-        paired = [x for p in pairs if p["workload"] == wl and p["pair"] == [num, den] for x in p["ratios"]]
-        extra = {}
-        if paired:
-            med = statistics.median(paired)
-            status = "met" if meets(med) else "MISSED"
-            extra = {"paired_ratio": med, "paired_rounds": len(paired), "paired_status": status}
+        mine = [p for p in pairs if p["workload"] == wl and p["pair"] == [num, den]]
+        extra: dict[str, Any] = {}
+        if mine:
+            med = statistics.median(x for p in mine for x in p["ratios"])
+            extra = {
+                "paired_ratio": med,
+                "paired_cpu_ratio": statistics.median(x for p in mine for x in p["cpu_ratios"]),
+                "paired_rounds": sum(len(p["ratios"]) for p in mine),
+                "paired_status": "met" if meets(med) else "MISSED",
+            }
         a, b = _best(summary.get(wl, {}), num), _best(summary.get(wl, {}), den)
         if a is None or b is None:
             out.append({"target": desc, "status": "not measured", **extra})
@@ -689,9 +695,16 @@ def check_targets(
                 "using": f"{a[0]} / {b[0]}",
                 "status": "met" if ok else "MISSED",
                 **extra,
+                **_cpu_ratio(summary[wl], a[0], b[0]),
             }
         )
     return out
+
+
+def _cpu_ratio(table: dict[str, dict], a: str, b: str) -> dict[str, float]:
+    """The ratio of CPU seconds per round (single-process implementations only)."""
+    x, y = table[a].get("cpu_s_per_round"), table[b].get("cpu_s_per_round")
+    return {"cpu_ratio": x / y} if x and y else {}
 
 
 def summarise(runs: list[dict]) -> dict[str, dict[str, dict]]:
@@ -760,6 +773,33 @@ def machine() -> dict:
     return info
 
 
+def report(info: dict, runs: list[dict], pairs: list[dict]) -> dict:
+    """Print the table and the targets; return everything (for ``--json``)."""
+    summary = summarise(runs)
+    targets = check_targets(summary, runs, pairs)
+    print()
+    print(format_table(summary))
+    print()
+    for t in targets:
+        extra = ""
+        if "ratio" in t:
+            spread = ", ".join(f"{x:.2f}" for x in t["per_repeat"])
+            extra = f"{t['ratio']:.2f} ({t['using']}; per repeat: {spread})"
+        if "cpu_ratio" in t:
+            extra += f"; CPU time: {t['cpu_ratio']:.2f}"
+        if "paired_ratio" in t:
+            extra += f"; interleaved: {t['paired_ratio']:.2f} (CPU {t['paired_cpu_ratio']:.2f}) {t['paired_status']}"
+        print(f"{t['status']:>12}  {t['target']:52} {extra}")
+    for wl, table in summary.items():
+        if "draws_s_per_round" in table.get("vmap", {}):
+            print(
+                f"{wl}: drawing one round's minibatch indices with a generator per client "
+                f"(fedrisk's RNG scheme) takes {table['vmap']['draws_s_per_round']:.4f} s "
+                f"(part of vmap's {table['vmap']['s_per_round']:.4f} s/round; the floor draws before timing)"
+            )
+    return {"machine": info, "runs": runs, "pairs": pairs, "summary": summary, "targets": targets}
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--workload", nargs="+", choices=sorted(WORKLOADS), default=list(WORKLOADS))
@@ -770,6 +810,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--json", default=None, help="also write every run and the summary to this JSON file")
     parser.add_argument("--no-paired", dest="paired", action="store_false",
                         help="skip the interleaved runs of the target pairs (PAIRS) in one process")  # fmt: skip
+    parser.add_argument("--from-json", default=None, help="only print the report of a JSON file written by --json")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -778,6 +819,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if args.worker:
         worker(args.worker.split(","), workloads[0], args.threads)
         return {}
+    if args.from_json:
+        with open(args.from_json) as fh:
+            saved = json.load(fh)
+        return report(saved["machine"], saved["runs"], saved.get("pairs", []))
     if args.rounds is not None and args.rounds < 2:
         parser.error("--rounds must be at least 2 (round 1 is excluded from the medians)")
     info = machine()
@@ -798,6 +843,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
             return make
 
+        pairs: list[dict] = []
         for rep in range(args.repeat):
             for w in workloads:
                 names = args.impl or DEFAULT_IMPLS[w.name]
@@ -806,6 +852,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                     res = run_impl(name, w, workfile_of(w))
                     res.update(workload=w.name, impl=name, repeat=rep)
                     runs.append(res)
+                    _save(args.json, info, runs, pairs)
                     if "skipped" in res:
                         print(f"[{rep}] {w.name} {name:15} skipped: {res['skipped']}", flush=True)
                         continue
@@ -816,47 +863,30 @@ def main(argv: Sequence[str] | None = None) -> dict:
                         f"process {res['process_wall_s']:.1f} s",
                         flush=True,
                     )
-    pairs: list[dict] = []
-    if args.paired:
-        for rep in range(args.repeat):
-            for w in workloads:
-                names = args.impl or DEFAULT_IMPLS[w.name]
-                for pair in PAIRS:
+                for pair in PAIRS if args.paired else []:
                     if pair[0] in names and pair[1] in names:
                         res = run_pair(pair, w)
                         res.update(workload=w.name, repeat=rep)
                         pairs.append(res)
+                        _save(args.json, info, runs, pairs)
                         print(
                             f"[{rep}] {w.name} interleaved {pair[0]} / {pair[1]}: median ratio {res['ratio']:.2f} "
                             f"({res['s_per_round'][0]:.4f} / {res['s_per_round'][1]:.4f} s/round), "
                             f"acc {res['accuracy'][0]:.4f} / {res['accuracy'][1]:.4f}",
                             flush=True,
                         )
-    summary = summarise(runs)
-    targets = check_targets(summary, runs, pairs)
-    print()
-    print(format_table(summary))
-    print()
-    for t in targets:
-        extra = ""
-        if "ratio" in t:
-            spread = ", ".join(f"{x:.2f}" for x in t["per_repeat"])
-            extra = f"{t['ratio']:.2f} ({t['using']}; per repeat: {spread})"
-        if "paired_ratio" in t:
-            extra += f"; interleaved: {t['paired_ratio']:.2f} {t['paired_status']}"
-        print(f"{t['status']:>12}  {t['target']:52} {extra}")
-    for wl, table in summary.items():
-        if "draws_s_per_round" in table.get("vmap", {}):
-            print(
-                f"{wl}: drawing one round's minibatch indices with a generator per client "
-                f"(fedrisk's RNG scheme) takes {table['vmap']['draws_s_per_round']:.4f} s "
-                f"(part of vmap's {table['vmap']['s_per_round']:.4f} s/round; the floor draws before timing)"
-            )
-    result = {"machine": info, "runs": runs, "pairs": pairs, "summary": summary, "targets": targets}
+    result = report(info, runs, pairs)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1)
     return result
+
+
+def _save(path: str | None, info: dict, runs: list[dict], pairs: list[dict]) -> None:
+    """Write the runs so far (a long run stopped midway keeps them; see ``--from-json``)."""
+    if path:
+        with open(path, "w") as fh:
+            json.dump({"machine": info, "runs": runs, "pairs": pairs}, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ def test_run_writes_every_output(tiny, tmp_path):
     rd = RunDir(result.path)
     recs = records(rd.path)
     assert [r["round"] for r in recs] == [1, 2, 3, 4]
-    assert list(recs[0]) == ["round", "test_accuracy", "test_log_loss", "bytes_down", "bytes_up", "wall_time", "train_loss"]
+    expected_keys = ["round", "test_accuracy", "test_log_loss", "bytes_down", "bytes_up", "wall_time", "train_loss"]
+    assert list(recs[0]) == expected_keys
     # 3 clients x 650 float32 parameters of logreg(64 -> 10) down and up every round
     assert [r["bytes_down"] for r in recs] == [3 * 650 * 4 * k for k in (1, 2, 3, 4)]
     assert recs[-1]["bytes_up"] == recs[-1]["bytes_down"]

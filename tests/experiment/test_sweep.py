@@ -83,7 +83,8 @@ def test_sequential_sweep_report_skip_and_resume(tiny, tmp_path, monkeypatch, ca
     }
     table = result.report.table
     assert table.splitlines()[0] == (
-        "| configuration | seeds | rounds | final test_accuracy | best test_accuracy | final test_log_loss | best test_log_loss | MB communicated |"
+        "| configuration | seeds | rounds | final test_accuracy | best test_accuracy"
+        " | final test_log_loss | best test_log_loss | MB communicated |"
     )
     for name in variants:
         assert f"| {name} | 2 | 2 | {format_mean_std(finals[name])} |" in table
