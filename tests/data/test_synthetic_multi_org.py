@@ -49,7 +49,7 @@ def test_deterministic_per_seed() -> None:
 def test_target_test_and_organisations_identical_for_every_k() -> None:
     full = multi_org_auc_data(seed=7, num_clients=5)
     for K in range(1, 6):
-        tr, te, meta = multi_org_auc_data(seed=7, num_clients=K)
+        tr, te, _ = multi_org_auc_data(seed=7, num_clients=K)
         assert torch.equal(te.x, full.test.x) and torch.equal(te.y, full.test.y)
         assert sorted(set(tr.attrs["client"].tolist())) == list(range(K))
         assert len(tr) == sum(SIZES[:K])
