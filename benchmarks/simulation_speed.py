@@ -39,15 +39,22 @@ accuracy up to float rounding, except for ``floor``, which is a different algori
   script writes.
 
 Each implementation reports the median seconds per round over rounds 2..R (the first round
-is reported apart: it pays one-off costs such as vmap's lazy import), the final test accuracy,
-the peak resident memory of its main process (``VmHWM``) and the peak of the summed
-proportional set size (PSS) of all its processes (sampled twice a second).  Each process uses
-1 torch thread unless the name ends in ``-2t``.  With ``--repeat N`` the whole set runs N times
-(alternating the order) and the table shows the median of the N medians with their range.
+is reported apart: it pays one-off costs such as vmap's lazy import), the median CPU seconds
+per round (in-process implementations), the final test accuracy, the peak resident memory of
+its main process (``VmHWM``) and the peak of the summed proportional set size (PSS) of all its
+processes (sampled twice a second).  Each process uses 1 torch thread unless the name ends in
+``-2t``.  With ``--repeat N`` the whole set runs N times (alternating the order) and the table
+shows the median of the N medians with their range.
+
+On a machine shared with other work the load drifts between two separate processes, so the
+pairs whose ratio is a target (:data:`PAIRS`) also run interleaved in one process, round r of
+one then round r of the other; each target is reported from the separate runs, their CPU
+times and the interleaved runs (``--no-paired`` skips the latter).
 
 Usage::
 
-    .venv/bin/python benchmarks/simulation_speed.py --repeat 3 --json benchmarks/results.json
+    .venv/bin/python benchmarks/simulation_speed.py --repeat 2 --json /tmp/simulation_speed.json
+    .venv/bin/python benchmarks/simulation_speed.py --from-json /tmp/simulation_speed.json  # the report again
     .venv/bin/python benchmarks/simulation_speed.py --workload W2 --impl sequential plain --rounds 3
 """
 

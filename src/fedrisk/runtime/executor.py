@@ -101,16 +101,35 @@ def _nbytes(tree: Tree) -> int:
     return tree_nbytes(tree)
 
 
+_CHUNK = 1 << 20
+"""Elements of small leaves concatenated at a time by :func:`_provably_finite` (4 MiB of float32)."""
+
+
 def _provably_finite(trees: Sequence[Tree]) -> bool:
-    """True when the floating tensor leaves of every tree are finite, proved by one sum per dtype
-    and device (a NaN / inf anywhere makes the sum non-finite).  False means "not proved": an
-    overflowing sum of finite values, or a real NaN / inf; callers then check tree by tree."""
-    groups: dict[tuple[torch.dtype, torch.device], list[Tensor]] = {}
+    """True when the floating tensor leaves of every tree are finite, proved by a few sums (a
+    NaN / inf anywhere makes its sum non-finite): small leaves are concatenated ``_CHUNK``
+    elements at a time and summed, large ones summed alone, so the extra memory stays bounded.
+    False means "not proved": a real NaN / inf, or a sum of finite values that overflowed;
+    callers then check tree by tree."""
+    sums: dict[tuple[torch.dtype, torch.device], list[Tensor]] = {}
+    pending: dict[tuple[torch.dtype, torch.device], list[Tensor]] = {}
+    counts: dict[tuple[torch.dtype, torch.device], int] = {}
     for tree in trees:
         for x in _leaves(tree):
-            if x.is_floating_point() and x.numel():
-                groups.setdefault((x.dtype, x.device), []).append(x.reshape(-1))
-    return all(bool(torch.isfinite(torch.cat(xs).sum())) for xs in groups.values())
+            if not x.is_floating_point() or not x.numel():
+                continue
+            key = (x.dtype, x.device)
+            if x.numel() >= _CHUNK:
+                sums.setdefault(key, []).append(x.sum())
+                continue
+            pending.setdefault(key, []).append(x.reshape(-1))
+            counts[key] = counts.get(key, 0) + x.numel()
+            if counts[key] >= _CHUNK:
+                sums.setdefault(key, []).append(torch.cat(pending.pop(key)).sum())
+                counts[key] = 0
+    for key, xs in pending.items():
+        sums.setdefault(key, []).append(torch.cat(xs).sum())
+    return all(bool(torch.isfinite(torch.stack(s)).all()) for s in sums.values())
 
 
 class _SequentialReplies(InMemoryReplies):
