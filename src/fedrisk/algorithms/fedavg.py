@@ -37,7 +37,7 @@ from fedrisk.algorithms.base import (
     sample_clients,
 )
 from fedrisk.algorithms.local import (
-    SAMPLING_CHOICES,
+    check_local_sgd,
     sample_batches,
     sgd_steps,
     supervised_objective,
@@ -81,15 +81,9 @@ class FedAvg(Algorithm):
     server_opt: ServerOpt = field(default_factory=identity)
 
     def __post_init__(self) -> None:
-        check_range("lr", self.lr, 0.0, None, low_inclusive=False)
-        check_range("local_steps", self.local_steps, 1)
-        check_range("batch_size", self.batch_size, 1)
+        check_local_sgd(self.lr, self.local_steps, self.batch_size, self.sampling, self.clients_per_round)
         if self.weighting not in WEIGHTINGS:
             raise unknown_name("weighting", self.weighting, WEIGHTINGS)
-        if self.sampling not in SAMPLING_CHOICES:
-            raise unknown_name("sampling", self.sampling, SAMPLING_CHOICES)
-        if self.clients_per_round is not None:
-            check_range("clients_per_round", self.clients_per_round, 1)
 
     def check(self, fed: FedInfo) -> None:
         if self.clients_per_round is not None:
