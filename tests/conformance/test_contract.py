@@ -158,7 +158,7 @@ def init_w() -> Tensor:
 
 def rows(r: int, k: int, count: int) -> Tensor:
     """What ``draw`` of client k in round r picks (``count`` uniform rows)."""
-    return torch.randint(SIZES[k], (count,), generator=client_generator(SEED, r, k))
+    return client_generator(SEED, r, k).integers(SIZES[k], (count,))
 
 
 def client_mean(k: int) -> Tensor:

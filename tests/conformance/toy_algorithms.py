@@ -45,6 +45,7 @@ from fedrisk.algorithms.base import (
     sample_clients,
 )
 from fedrisk.attacks.base import Attack
+from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree
 
 D = 3
@@ -81,6 +82,7 @@ class ControlCounter(Toy):
     """
 
     name: ClassVar[str] = "control_counter"
+    batched_draw: ClassVar[bool] = True
     per_round: int | None = None
     lr: float = 0.5
     batch: int = 3
@@ -94,8 +96,8 @@ class ControlCounter(Toy):
     def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
         return RoundPlan(sample_clients(gen, ctx.fed.num_clients, self.per_round), {"x": server_state["x"]})
 
-    def draw(self, ctx: RoundContext, client: int, num_samples: int, gen: torch.Generator) -> Tree:
-        return {"rows": torch.randint(num_samples, (self.batch,), generator=gen)}
+    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
+        return {"rows": rng.integers(num_samples, (self.batch,))}
 
     def client_update(
         self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
@@ -164,6 +166,7 @@ class ScorePool(Toy):
     server: pool <- concat_k(scores_k) (client order);  w <- w - lr * mean_k g_k."""
 
     name: ClassVar[str] = "score_pool"
+    batched_draw: ClassVar[bool] = True
     num_scores: int = 2
     lr: float = 0.1
 
@@ -174,8 +177,8 @@ class ScorePool(Toy):
     def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
         return RoundPlan(list(range(ctx.fed.num_clients)), {"w": server_state["w"], "pool": server_state["pool"]})
 
-    def draw(self, ctx: RoundContext, client: int, num_samples: int, gen: torch.Generator) -> Tree:
-        return {"rows": torch.randint(num_samples, (self.num_scores,), generator=gen)}
+    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
+        return {"rows": rng.integers(num_samples, (self.num_scores,))}
 
     def client_update(
         self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
@@ -218,8 +221,8 @@ class Robust(Toy):
     def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
         return RoundPlan(list(range(ctx.fed.num_clients)), {"w": server_state["w"]})
 
-    def draw(self, ctx: RoundContext, client: int, num_samples: int, gen: torch.Generator) -> Tree:
-        return {"rows": torch.randint(num_samples, (2,), generator=gen)}
+    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
+        return {"rows": rng.integers(num_samples, (2,))}
 
     def client_update(
         self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
@@ -314,8 +317,8 @@ class Silent(Toy):
     def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
         return RoundPlan(list(range(ctx.fed.num_clients)))
 
-    def draw(self, ctx: RoundContext, client: int, num_samples: int, gen: torch.Generator) -> Tree:
-        return {"rows": torch.randint(num_samples, (2,), generator=gen)}
+    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
+        return {"rows": rng.integers(num_samples, (2,))}
 
     def client_update(
         self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
@@ -364,7 +367,7 @@ class Faulty(Toy):
     def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
         return RoundPlan(list(range(ctx.fed.num_clients)), {"w": server_state["w"]})
 
-    def draw(self, ctx: RoundContext, client: int, num_samples: int, gen: torch.Generator) -> Tree:
+    def draw(self, ctx: RoundContext, client: int, num_samples: int, rng: ClientRNG) -> Tree:
         hit = client == self.client and ctx.round == self.round
         if hit and self.mode == "raise_in_draw":
             raise RuntimeError("injected failure in draw")

@@ -56,6 +56,7 @@ from fedrisk.data.federation import Federation, Samples
 from fedrisk.errors import FedriskError
 from fedrisk.models import FunctionalModel, build_model
 from fedrisk.objectives.supervised import cross_entropy
+from fedrisk.rng import ClientRNG
 from fedrisk.runtime.evaluation import predict
 from fedrisk.runtime.executor import Executor
 from fedrisk.runtime.simulation import Simulation
@@ -166,8 +167,8 @@ class Shuffle(Algorithm):
         per_client = {k: {"slot": server_state["slots"][perm[k]], "index": torch.tensor(perm[k])} for k in clients}
         return RoundPlan(clients, {"params": server_state["params"]}, per_client, kind)
 
-    def draw(self, ctx: RoundContext, client: int, num_samples: int, gen: torch.Generator) -> Tree:
-        return {"batches": sample_batches(gen, num_samples, self.local_steps, self.batch_size)}
+    def draw(self, ctx: RoundContext, client: int, num_samples: int, rng: ClientRNG) -> Tree:
+        return {"batches": sample_batches(rng, num_samples, self.local_steps, self.batch_size)}
 
     def client_update(
         self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree

@@ -334,19 +334,21 @@ class NaNOnClient(FedAvg):
 @dataclass(frozen=True)
 class RaisesOnClient(FedAvg):
     """Client 1's draws index past its data, so its client_update raises an IndexError (under
-    vmap the whole block containing client 1 fails; the others run)."""
+    vmap the whole block containing client 1 fails; the others run).  Its draw branches on
+    ``client`` in Python, so the block draw inherited from FedAvg's ``batched_draw`` raises and
+    the executor falls back to drawing client by client."""
 
-    def draw(self, ctx, client, num_samples, gen):
-        draws = super().draw(ctx, client, num_samples, gen)
+    def draw(self, ctx, client, num_samples, rng):
+        draws = super().draw(ctx, client, num_samples, rng)
         return {"batches": draws["batches"] + 1000} if client == 1 else draws
 
 
 @dataclass(frozen=True)
 class RaisesInDraw(FedAvg):
-    def draw(self, ctx, client, num_samples, gen):
+    def draw(self, ctx, client, num_samples, rng):
         if client == 2:
             raise KeyError("no draws for client 2")
-        return super().draw(ctx, client, num_samples, gen)
+        return super().draw(ctx, client, num_samples, rng)
 
 
 @pytest.mark.parametrize(
@@ -412,8 +414,8 @@ class Ragged(Algorithm):
     def configure(self, ctx, state, gen):
         return RoundPlan(list(range(ctx.fed.num_clients)), broadcast={"m": state["m"]})
 
-    def draw(self, ctx, client, num_samples, gen):
-        return {"rows": torch.randint(num_samples, (2,), generator=gen)}
+    def draw(self, ctx, client, num_samples, rng):
+        return {"rows": rng.integers(num_samples, (2,))}
 
     def client_update(self, ctx, payload, state: Mapping[str, Any], data: LocalData, draws) -> ClientResult:
         rows = data.x[draws["rows"]]

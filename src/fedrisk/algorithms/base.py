@@ -10,7 +10,7 @@ The five calls, in the order a round uses them::
     init_server(ctx, params, gen)                    -> server_state         (once)
     init_client(ctx, client, params)                 -> client_state         (once per client)
     configure(ctx, server_state, gen)                -> RoundPlan            (server, every round)
-    draw(ctx, client, num_samples, gen)              -> draws                (client randomness)
+    draw(ctx, client, num_samples, rng)              -> draws                (client randomness)
     client_update(ctx, payload, state, data, draws)  -> ClientResult         (client, pure tensors)
     aggregate(ctx, server_state, plan, replies, gen) -> server_state         (server)
 
@@ -19,7 +19,9 @@ The five calls, in the order a round uses them::
   a ``broadcast`` that every selected client receives plus optional ``per_client`` parts
   (PERM sends each client a different model).
 * ``draw`` makes all of a client's random choices for the round (minibatch indices, noise)
-  from the client's own generator, seeded by (seed, round, client).  ``client_update`` is then
+  from the client's own counter-based generator (:class:`fedrisk.rng.ClientRNG`, a pure
+  function of (seed, round, client)).  With ``batched_draw = True`` the same ``draw`` code
+  also runs once for a whole block of clients (see :meth:`Algorithm.draw`).  ``client_update`` is then
   a deterministic tensor function of its inputs, written with :mod:`fedrisk.autodiff` /
   ``torch.func`` so that the vectorised executor can ``vmap`` it over a block of clients.
   It must not branch in Python on tensor *values*.
@@ -54,6 +56,7 @@ from fedrisk.tree import Tree
 
 if TYPE_CHECKING:
     from fedrisk.aggregators.base import Replies
+    from fedrisk.rng import ClientRNG
 
 
 @dataclass(frozen=True)
@@ -164,12 +167,14 @@ class Algorithm:
     * ``personalized``: True when each client ends with its own model (evaluated per client).
     * ``vectorizable``: False (with ``not_vectorizable_reason``) if ``client_update`` cannot
       run under ``torch.func.vmap``.
+    * ``batched_draw``: True if :meth:`draw` also accepts a block of clients (see there).
     """
 
     name: ClassVar[str] = "algorithm"
     personalized: ClassVar[bool] = False
     vectorizable: ClassVar[bool] = True
     not_vectorizable_reason: ClassVar[str] = ""
+    batched_draw: ClassVar[bool] = False
 
     # -- set-up -------------------------------------------------------------------------
     def check(self, fed: FedInfo) -> None:
@@ -186,8 +191,22 @@ class Algorithm:
     def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
         raise NotImplementedError
 
-    def draw(self, ctx: RoundContext, client: int, num_samples: int, gen: torch.Generator) -> Tree:
-        """All random choices of ``client`` for this round (default: none)."""
+    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
+        """All random choices of ``client`` for this round (default: none).
+
+        ``client`` is the client id (int), ``num_samples`` its number of training rows (int)
+        and ``rng`` its generator.  Draw only through ``rng``'s methods (or helpers built on
+        them such as :func:`fedrisk.algorithms.local.sample_batches`), never from torch's
+        global generator.
+
+        With ``batched_draw = True`` the vectorised executor calls ``draw`` once per block:
+        ``client`` and ``num_samples`` are then int64 tensors ``[C]``, ``rng`` is the block's
+        generator, and every leaf of the returned tree must carry a leading client dimension
+        whose row ``i`` equals what ``draw`` returns for client ``client[i]`` alone (the
+        conformance suite checks this for every registered algorithm).  Write such a ``draw``
+        without Python branches on ``client`` / ``num_samples`` and index trailing dimensions
+        (``[..., 0, :]``), not the leading one.
+        """
         return {}
 
     def client_update(

@@ -168,10 +168,11 @@ from torch.utils import _pytree as pytree
 
 from fedrisk.aggregators.base import Replies
 from fedrisk.algorithms.base import Algorithm, ClientResult, FedInfo, LocalData, RoundContext, RoundPlan
-from fedrisk.algorithms.local import SAMPLING_CHOICES, sample_batches
+from fedrisk.algorithms.local import SAMPLING_CHOICES, sample_batch, sample_batches
 from fedrisk.autodiff import in_functorch_transform, value_and_grad
 from fedrisk.errors import FedriskError, check_range, unknown_name
 from fedrisk.objectives.auc import DEFAULT_POSITIVE_RATIO, check_ratio
+from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree, tensor_leaves, tree_add, tree_map, tree_scale, tree_zeros_like
 
 __all__ = [
@@ -658,6 +659,7 @@ class CODAPlus(Algorithm):
     """
 
     name: ClassVar[str] = "codaplus"
+    batched_draw: ClassVar[bool] = True
     uses_control_variates: ClassVar[bool] = False
     dual_reset_rounds: ClassVar[int] = 0
 
@@ -958,11 +960,11 @@ class CODAPlus(Algorithm):
             broadcast["ref"] = server_state["ref"]
         return RoundPlan(clients, broadcast, kind=slot.kind)
 
-    def draw(self, ctx: RoundContext, client: int, num_samples: int, gen: torch.Generator) -> Tree:
+    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
         slot = self.schedule(ctx.round)
         if slot.kind == DUAL_RESET:
-            return self.dual_reset_draw(num_samples, gen)
-        return {"batches": sample_batches(gen, num_samples, slot.steps, self.batch_size, self.sampling)}
+            return self.dual_reset_draw(num_samples, rng)
+        return {"batches": sample_batches(rng, num_samples, slot.steps, self.batch_size, self.sampling)}
 
     # -- one round: a client's window (Alg. 2 / Alg. 4) ----------------------------------------
     def client_update(
@@ -1074,7 +1076,7 @@ class CODAPlus(Algorithm):
         return new
 
     # -- CODA's dual reset (only CODA schedules such rounds) ----------------------------------
-    def dual_reset_draw(self, num_samples: int, gen: torch.Generator) -> Tree:
+    def dual_reset_draw(self, num_samples: Any, rng: ClientRNG) -> Tree:
         raise NotImplementedError(f"{self.name} has no dual-reset rounds")
 
     def dual_reset_update(self, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree) -> ClientResult:
@@ -1121,8 +1123,8 @@ class CODA(CODAPlus):
         super().__post_init__()
         _check_int("reset_batch_size", self.reset_batch_size, 1)
 
-    def dual_reset_draw(self, num_samples: int, gen: torch.Generator) -> Tree:
-        return {"batch": sample_batches(gen, num_samples, 1, self.reset_batch_size, self.sampling)[0]}
+    def dual_reset_draw(self, num_samples: Any, rng: ClientRNG) -> Tree:
+        return {"batch": sample_batch(rng, num_samples, self.reset_batch_size, self.sampling)}
 
     def dual_reset_update(self, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree) -> ClientResult:
         x, y = data.x[draws["batch"]], data.y[draws["batch"]]

@@ -45,6 +45,7 @@ from fedrisk.algorithms.local import (
 from fedrisk.algorithms.server_opt import ServerOpt, apply_step, identity
 from fedrisk.errors import check_range, unknown_name
 from fedrisk.objectives.supervised import LossFn
+from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree, tree_map, tree_sub
 
 WEIGHTINGS = ("samples", "uniform")
@@ -68,6 +69,7 @@ class FedAvg(Algorithm):
     """
 
     name: ClassVar[str] = "fedavg"
+    batched_draw: ClassVar[bool] = True
 
     model: Any
     loss: LossFn
@@ -110,8 +112,8 @@ class FedAvg(Algorithm):
         return server_state["params"]
 
     # -- client -------------------------------------------------------------------------
-    def draw(self, ctx: RoundContext, client: int, num_samples: int, gen: torch.Generator) -> Tree:
-        return {"batches": sample_batches(gen, num_samples, self.local_steps, self.batch_size, self.sampling)}
+    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
+        return {"batches": sample_batches(rng, num_samples, self.local_steps, self.batch_size, self.sampling)}
 
     def local_correction(self, payload: Mapping[str, Any], state: Tree):
         """The gradient correction of this family (none for FedAvg)."""

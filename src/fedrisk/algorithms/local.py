@@ -5,9 +5,13 @@ the loops below are pure tensor code that runs under ``torch.func.vmap`` too.
 
 Example:
     >>> import torch
-    >>> idx = sample_batches(torch.Generator().manual_seed(0), num_samples=5, steps=3, batch_size=4)
+    >>> from fedrisk.rng import client_generator
+    >>> idx = sample_batches(client_generator(0, round=0, client=2), num_samples=5, steps=3, batch_size=4)
     >>> idx.shape, bool((idx < 5).all())
     (torch.Size([3, 4]), True)
+    >>> block = sample_batches(client_generator(0, round=0, client=[1, 2]), torch.tensor([9, 5]), 3, 4)
+    >>> block.shape, torch.equal(block[1], idx)
+    (torch.Size([2, 3, 4]), True)
 """
 
 from __future__ import annotations
@@ -21,15 +25,14 @@ from torch import Tensor
 from fedrisk.algorithms.base import LocalData
 from fedrisk.autodiff import in_functorch_transform, value_and_grad
 from fedrisk.errors import FedriskError, check_range, unknown_name
+from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree, tree_map
 
 Sampling = Literal["with_replacement", "shuffle"]
 SAMPLING_CHOICES = ("with_replacement", "shuffle")
 
 
-def check_local_sgd(
-    lr: float, local_steps: int, batch_size: int, sampling: str, clients_per_round: int | None
-) -> None:
+def check_local_sgd(lr: float, local_steps: int, batch_size: int, sampling: str, clients_per_round: int | None) -> None:
     """Validate the hyper-parameters every local-SGD algorithm shares (raises FedriskError)."""
     check_range("lr", lr, 0.0, None, low_inclusive=False)
     check_range("local_steps", local_steps, 1)
@@ -41,27 +44,37 @@ def check_local_sgd(
 
 
 def sample_batches(
-    gen: torch.Generator,
-    num_samples: int,
+    rng: ClientRNG,
+    num_samples: int | Tensor,
     steps: int,
     batch_size: int,
     sampling: Sampling = "with_replacement",
 ) -> Tensor:
-    """Row indices ``[steps, batch_size]`` below ``num_samples``.
+    """Row indices ``[steps, batch_size]`` below ``num_samples`` (int64).
 
     ``with_replacement``: i.i.d. uniform rows.  ``shuffle``: consecutive random permutations
-    of the rows (epochs without replacement), cut into batches.
+    of the rows (epochs without replacement), cut into batches.  For a block generator
+    (``rng`` of a block, ``num_samples`` an int64 tensor ``[C]``) the result is
+    ``[C, steps, batch_size]`` and row ``i`` equals client ``i``'s own draw.
     """
-    if num_samples <= 0:
-        raise FedriskError("a client with no samples cannot draw minibatches")
     total = steps * batch_size
+    if isinstance(num_samples, Tensor):
+        if bool((num_samples <= 0).any()):
+            raise FedriskError("a client with no samples cannot draw minibatches")
+    elif num_samples <= 0:
+        raise FedriskError("a client with no samples cannot draw minibatches")
     if sampling == "with_replacement":
-        return torch.randint(num_samples, (steps, batch_size), generator=gen)
+        return rng.integers(num_samples, (steps, batch_size))
     if sampling == "shuffle":
-        epochs = -(-total // num_samples)
-        perm = torch.cat([torch.randperm(num_samples, generator=gen) for _ in range(epochs)])
-        return perm[:total].reshape(steps, batch_size)
+        return rng.permutations(num_samples, total).reshape(*rng.batch_shape, steps, batch_size)
     raise FedriskError(f"unknown sampling {sampling!r}; valid choices: {', '.join(SAMPLING_CHOICES)}")
+
+
+def sample_batch(
+    rng: ClientRNG, num_samples: int | Tensor, batch_size: int, sampling: Sampling = "with_replacement"
+) -> Tensor:
+    """One minibatch of row indices, ``[batch_size]`` (``[C, batch_size]`` for a block)."""
+    return sample_batches(rng, num_samples, 1, batch_size, sampling)[..., 0, :]
 
 
 def batch(data: LocalData, idx: Tensor) -> tuple[Tensor, Tensor]:

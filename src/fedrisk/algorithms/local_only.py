@@ -47,6 +47,7 @@ from fedrisk.algorithms.local import SAMPLING_CHOICES, sample_batches, sgd_steps
 from fedrisk.data.federation import Federation, Samples
 from fedrisk.errors import FedriskError, check_range, unknown_name
 from fedrisk.objectives.supervised import LossFn
+from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree
 
 
@@ -73,6 +74,7 @@ class LocalOnly(Algorithm):
     """
 
     name: ClassVar[str] = "local_only"
+    batched_draw: ClassVar[bool] = True
     personalized: ClassVar[bool] = True
 
     model: Any
@@ -98,8 +100,8 @@ class LocalOnly(Algorithm):
     def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
         return RoundPlan(list(range(ctx.fed.num_clients)), broadcast={})
 
-    def draw(self, ctx: RoundContext, client: int, num_samples: int, gen: torch.Generator) -> Tree:
-        return {"batches": sample_batches(gen, num_samples, self.local_steps, self.batch_size, self.sampling)}
+    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
+        return {"batches": sample_batches(rng, num_samples, self.local_steps, self.batch_size, self.sampling)}
 
     def client_update(
         self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree

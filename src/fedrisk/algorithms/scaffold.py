@@ -67,6 +67,7 @@ from fedrisk.algorithms.base import (
 from fedrisk.algorithms.local import (
     batch,
     check_local_sgd,
+    sample_batch,
     sample_batches,
     sgd_steps,
     supervised_objective,
@@ -74,6 +75,7 @@ from fedrisk.algorithms.local import (
 from fedrisk.autodiff import value_and_grad
 from fedrisk.errors import check_range, unknown_name
 from fedrisk.objectives.supervised import LossFn
+from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree, tree_axpy, tree_map, tree_scale, tree_sub, tree_zeros_like
 
 CONTROL_OPTIONS = ("I", "II")
@@ -101,6 +103,7 @@ class Scaffold(Algorithm):
     """
 
     name: ClassVar[str] = "scaffold"
+    batched_draw: ClassVar[bool] = True
 
     model: Any
     loss: LossFn
@@ -138,11 +141,11 @@ class Scaffold(Algorithm):
         return RoundPlan(clients, broadcast={"params": server_state["params"], "control": server_state["control"]})
 
     # -- client: lines 7-13 -----------------------------------------------------------------
-    def draw(self, ctx: RoundContext, client: int, num_samples: int, gen: torch.Generator) -> Tree:
-        draws = {"batches": sample_batches(gen, num_samples, self.local_steps, self.batch_size, self.sampling)}
+    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
+        draws = {"batches": sample_batches(rng, num_samples, self.local_steps, self.batch_size, self.sampling)}
         if self.control_option == "I":
             # a fresh minibatch for g_i(x), drawn after the K local batches
-            draws["control_batch"] = sample_batches(gen, num_samples, 1, self.batch_size, self.sampling)[0]
+            draws["control_batch"] = sample_batch(rng, num_samples, self.batch_size, self.sampling)
         return draws
 
     def client_update(

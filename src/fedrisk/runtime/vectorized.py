@@ -5,11 +5,15 @@ rounding: 1e-9 in float64, 1e-5 relative in float32) and is what makes thousands
 clients cheap: one batched tensor program per block of clients instead of one small program
 per client.  One round, for each block of the round's (sorted) clients:
 
-1. ``draws``: ``algorithm.draw(ctx, k, n_k, client_generator(seed, round, k))`` for every client
-   ``k`` of the block, exactly as :class:`~fedrisk.runtime.executor.SequentialExecutor` does
-   (same generator, same calls, hence the same random choices).
-2. ``stack``: each client's per-client payload part (``plan.per_client[k]``), client state and
-   draws are flattened; clients whose trees have the same structure and leaf shapes form a
+1. ``draws``: for an algorithm with ``batched_draw = True``, one call
+   ``algorithm.draw(ctx, ids, sizes, client_generator(seed, round, block))`` with the block's
+   counter-based generator (:class:`fedrisk.rng.ClientRNG`): its row ``i`` is bit for bit the
+   draw of client ``ids[i]`` alone, so the random choices are those of the sequential
+   executor.  Otherwise ``algorithm.draw(ctx, k, n_k, client_generator(seed, round, k))`` for
+   every client ``k`` of the block, exactly as
+   :class:`~fedrisk.runtime.executor.SequentialExecutor` does.
+2. ``stack``: each client's per-client payload part (``plan.per_client[k]``), client state
+   (and draws, when made one by one) are flattened; clients whose trees have the same structure and leaf shapes form a
    *group* (normally the whole block) and their tensor leaves are stacked into ``[C, ...]``.
    The ``broadcast`` part of the payload is not stacked: it is captured by the vmapped
    function, i.e. passed with ``in_dims=None``.  The clients' data are gathered from one
@@ -448,25 +452,27 @@ class VectorizedExecutor(Executor):
         chunks: list[_Chunk],
         failed: dict[int, str],
     ) -> None:
-        # 1. draws, client by client, exactly as the sequential executor
+        # 1. draws: one call for the block (batched_draw), else client by client as the
+        #    sequential executor makes them (row i of a batched draw equals client i's own draw)
+        stacked_draws = self._block_draws(algorithm, ctx, store, seed, block) if algorithm.batched_draw else None
         draws: dict[int, Tree] = {}
-        for k in block:
-            gen = client_generator(seed, ctx.round, k)
-            try:
-                draws[k] = algorithm.draw(ctx, k, store.sizes[k], gen)
-            except FedriskError:
-                raise
-            except Exception as exc:
-                if on_failure == "raise":
-                    raise ClientFailure(f"client {k} failed in round {ctx.round}: {exc!r}") from exc
-                failed[k] = repr(exc)
-        # 2. group the clients whose (per-client payload, state, draws) trees stack together
+        if stacked_draws is None:
+            for k in block:
+                try:
+                    draws[k] = algorithm.draw(ctx, k, store.sizes[k], client_generator(seed, ctx.round, k))
+                except FedriskError:
+                    raise
+                except Exception as exc:
+                    if on_failure == "raise":
+                        raise ClientFailure(f"client {k} failed in round {ctx.round}: {exc!r}") from exc
+                    failed[k] = repr(exc)
+        # 2. group the clients whose (per-client payload, state[, draws]) trees stack together
         groups: dict[Any, tuple[list[int], list[list[Any]], Any]] = {}
         for k in block:
-            if k not in draws:
+            if stacked_draws is None and k not in draws:
                 continue
             own = plan.per_client[k] if plan.per_client is not None else {}
-            tree = (dict(own), states[k], draws[k])
+            tree = (dict(own), states[k]) if stacked_draws is not None else (dict(own), states[k], draws[k])
             leaves: list[Any] = []
             structure: list[Any] = []
             if _fast_flatten(tree, leaves, structure):  # dicts / lists / tuples of tensors
@@ -483,10 +489,40 @@ class VectorizedExecutor(Executor):
                 groups[key] = ([], [], spec)
             groups[key][0].append(k)
             groups[key][1].append(leaves)
+        if stacked_draws is not None:
+            position = {k: i for i, k in enumerate(block)}
+            draws = _LazyDraws(stacked_draws, position)
         # 3. one vmap per group
         for members, rows, spec in groups.values():
-            chunk = self._run_group(algorithm, ctx, plan, states, data, store, on_failure, members, rows, spec, draws)
+            group_draws = None
+            if stacked_draws is not None:
+                rows_of_group = None if len(members) == len(block) else [position[k] for k in members]
+                group_draws = _select_rows(stacked_draws, rows_of_group)
+            chunk = self._run_group(
+                algorithm, ctx, plan, states, data, store, on_failure, members, rows, spec, draws, group_draws
+            )
             chunks.append(_check_chunk(chunk, ctx, on_failure, failed))
+
+    def _block_draws(
+        self, algorithm: Algorithm, ctx: RoundContext, store: _ClientStore, seed: int, block: list[int]
+    ) -> Tree | None:
+        """``algorithm.draw`` for the whole block at once, or None when that raises (the draws
+        are then made client by client, which names the failing client)."""
+        ids = torch.tensor(block, dtype=torch.long)
+        try:
+            out = algorithm.draw(ctx, ids, store.sizes_t.cpu()[ids], client_generator(seed, ctx.round, block))
+        except FedriskError:
+            raise
+        except Exception:
+            return None
+        for leaf in pytree.tree_leaves(out):
+            if not isinstance(leaf, Tensor) or leaf.dim() == 0 or leaf.shape[0] != len(block):
+                raise FedriskError(
+                    f"algorithm {algorithm.name!r} sets batched_draw = True but its draw for a block of "
+                    f"{len(block)} clients returned a leaf that is not a tensor [{len(block)}, ...] "
+                    f"({type(leaf).__name__} {tuple(getattr(leaf, 'shape', ()))}); see Algorithm.draw"
+                )
+        return out
 
     def _run_group(
         self,
@@ -501,7 +537,10 @@ class VectorizedExecutor(Executor):
         rows: list[list[Any]],
         spec: Any,
         draws: Mapping[int, Tree],
+        group_draws: Tree | None = None,
     ) -> _Chunk:
+        """vmap ``client_update`` over ``members``; ``rows`` are their flattened (own payload,
+        state[, draws]) leaves; ``group_draws`` their stacked draws when made for the block."""
         first = rows[0]
         template = [_TENSOR if isinstance(x, Tensor) else x for x in first]
         positions = [i for i, x in enumerate(first) if isinstance(x, Tensor)]
@@ -510,15 +549,19 @@ class VectorizedExecutor(Executor):
         broadcast = dict(plan.broadcast)
         out_meta: dict[str, Any] = {}
 
-        def one_client(own_leaves: list[Tensor], local: list[Tensor]) -> list[Tensor]:
+        draw_leaves, draw_spec = pytree.tree_flatten(group_draws) if group_draws is not None else ([], None)
+
+        def one_client(own_leaves: list[Tensor], local: list[Tensor], draw_rows: list[Tensor]) -> list[Tensor]:
             it = iter(own_leaves)
-            own, state, client_draws = pytree.tree_unflatten([next(it) if t is _TENSOR else t for t in template], spec)
+            parts = pytree.tree_unflatten([next(it) if t is _TENSOR else t for t in template], spec)
+            own, state = parts[0], parts[1]
+            client_draws = parts[2] if group_draws is None else pytree.tree_unflatten(draw_rows, draw_spec)
             result = algorithm.client_update(ctx, {**broadcast, **own}, state, store.local_data(local), client_draws)
             reply, new_state, metrics = result
             return _flatten_outputs(algorithm, (reply, new_state, metrics), out_meta)
 
         try:
-            outs = vmap(one_client, in_dims=(0, 0))(batched, data_leaves)
+            outs = vmap(one_client, in_dims=(0, 0, 0))(batched, data_leaves, draw_leaves)
         except FedriskError:
             raise
         except Exception as exc:  # a client failure, or an algorithm that does not vectorise
@@ -537,6 +580,31 @@ class VectorizedExecutor(Executor):
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
+
+
+class _LazyDraws(Mapping[int, Tree]):
+    """Per-client views of a block's stacked draws (for the rare client-by-client fallback)."""
+
+    def __init__(self, stacked: Tree, position: Mapping[int, int]) -> None:
+        self._stacked, self._position = stacked, position
+
+    def __getitem__(self, k: int) -> Tree:
+        i = self._position[k]
+        return tree_map(lambda x: x[i], self._stacked)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._position)
+
+    def __len__(self) -> int:
+        return len(self._position)
+
+
+def _select_rows(stacked: Tree, rows: list[int] | None) -> Tree:
+    """``stacked`` (leaves ``[C, ...]``) restricted to ``rows`` (all of it for None)."""
+    if rows is None:
+        return stacked
+    index = torch.tensor(rows, dtype=torch.long)
+    return tree_map(lambda x: x[index.to(x.device)], stacked)
 
 
 def check_vectorizable(algorithm: Algorithm) -> None:
