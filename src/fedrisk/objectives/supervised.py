@@ -14,11 +14,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedrisk.autodiff import in_functorch_transform
+
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
 
 def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
-    """Mean softmax cross-entropy of ``logits`` [N, C] against integer ``labels`` [N]."""
+    """Mean softmax cross-entropy of ``logits`` [N, C] against integer ``labels`` [N].
+
+    Eagerly this is ``F.cross_entropy`` (one fused kernel).  Under ``torch.func`` transforms
+    it is the same quantity written as ``mean(logsumexp(logits) - logits[label])``: vmap
+    decomposes ``F.cross_entropy`` into ``nll_loss`` with scatters, and the explicit form
+    runs a vmapped gradient step twice as fast (logistic regression, 1000 clients x 16 rows:
+    4.4 vs 9.6 ms).  The two agree to float rounding (1e-16 in float64).
+    """
+    if in_functorch_transform():
+        labels = labels.long()
+        return (torch.logsumexp(logits, -1) - logits.gather(-1, labels[:, None])[:, 0]).mean()
     return F.cross_entropy(logits, labels.long())
 
 

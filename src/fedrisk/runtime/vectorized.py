@@ -468,7 +468,10 @@ class VectorizedExecutor(Executor):
                     failed[k] = repr(exc)
         # 2. group the clients whose (per-client payload, state[, draws]) trees stack together
         groups: dict[Any, tuple[list[int], list[list[Any]], Any]] = {}
-        for k in block:
+        if stacked_draws is not None and plan.per_client is None and all(_is_empty_dict(states[k]) for k in block):
+            # stateless clients, one payload (FedAvg and kin): one group with nothing to stack
+            groups["stateless"] = (list(block), [[] for _ in block], pytree.tree_flatten(({}, {}))[1])
+        for k in block if not groups else ():
             if stacked_draws is None and k not in draws:
                 continue
             own = plan.per_client[k] if plan.per_client is not None else {}
@@ -615,6 +618,10 @@ def check_vectorizable(algorithm: Algorithm) -> None:
             f"algorithm {algorithm.name!r} cannot run under executor='vectorized': {reason}. "
             "Use executor='sequential' (or 'distributed')"
         )
+
+
+def _is_empty_dict(tree: Any) -> bool:
+    return type(tree) is dict and not tree
 
 
 def _fast_flatten(tree: Any, leaves: list[Any], structure: list[Any]) -> bool:
