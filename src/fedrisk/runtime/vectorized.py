@@ -756,7 +756,12 @@ def _check_chunk(chunk: _Chunk, ctx: RoundContext, on_failure: str, failed: dict
     ok: Tensor | None = None
     for leaf in pytree.tree_leaves(chunk.stacked):
         if leaf.is_floating_point() and leaf.numel():
-            fin = torch.isfinite(leaf.reshape(c, -1)).all(1)
+            rows = leaf.reshape(c, -1)
+            # a row's sum is finite only if every entry is (a finite row can overflow to inf in
+            # the sum: such rows are checked entry by entry); one reduction instead of a mask
+            fin = torch.isfinite(rows.sum(1))
+            if not bool(fin.all()):
+                fin = torch.isfinite(rows).all(1)
             ok = fin if ok is None else ok & fin
     if ok is None or bool(ok.all()):
         return chunk
