@@ -13,15 +13,28 @@ def _replies() -> dict[int, dict]:
     return {k: {"params": {"w": torch.randn(5, 3, generator=g), "b": torch.randn(3, generator=g)}} for k in (0, 2, 7)}
 
 
-def test_sequential_replies_sum_equals_generic_sum_bitwise() -> None:
+def test_stacked_sum_equals_one_by_one_sum(monkeypatch) -> None:
+    """The replies' stacked reduction (one tensordot per leaf, chunked) against adding the
+    replies one by one; and the sequential executor's replies give the generic numbers."""
+    from fedrisk.aggregators import base
+
     replies = _replies()
-    fast, generic = _SequentialReplies(replies), InMemoryReplies(replies)
-    for weights in (None, {0: 0.2, 2: 0.5, 7: 0.3}):
-        a, b = fast.sum("params", weights), generic.sum("params", weights)
-        assert all(torch.equal(a[k], b[k]) for k in ("w", "b"))
-        a, b = fast.mean("params", weights), generic.mean("params", weights)
-        assert all(torch.equal(a[k], b[k]) for k in ("w", "b"))
-    assert fast.nbytes() == generic.nbytes() == {0: 72, 2: 72, 7: 72}
+    weights = {0: 0.2, 2: 0.5, 7: 0.3}
+    trees = [r["params"] for r in replies.values()]
+    for w in (None, weights):
+        ws = [1.0] * 3 if w is None else [w[k] for k in replies]
+        by_hand = {n: sum(wk * t[n] for wk, t in zip(ws, trees)) for n in ("w", "b")}
+        got = InMemoryReplies(replies).sum("params", w)
+        assert all(torch.allclose(got[n], by_hand[n], rtol=1e-6, atol=1e-7) for n in ("w", "b"))
+        fast = _SequentialReplies(replies).sum("params", w)
+        assert all(torch.equal(fast[n], got[n]) for n in ("w", "b"))
+        monkeypatch.setattr(base, "STACK_BYTES", 60)  # one reply per chunk for "w" (60 bytes)
+        chunked = InMemoryReplies(replies).sum("params", w)
+        monkeypatch.undo()
+        assert all(torch.allclose(chunked[n], got[n], rtol=1e-6, atol=1e-7) for n in ("w", "b"))
+    mixed = {0: {"p": {"a": torch.ones(2)}}, 1: {"p": {"a": torch.ones(3)}}}
+    assert base.stacked_weighted_sum([r["p"] for r in mixed.values()]) is None  # shapes differ
+    assert _SequentialReplies(replies).nbytes() == InMemoryReplies(replies).nbytes() == {0: 72, 2: 72, 7: 72}
 
 
 def test_provably_finite_detects_nan_and_inf() -> None:
@@ -35,3 +48,30 @@ def test_provably_finite_detects_nan_and_inf() -> None:
     big = torch.zeros(2**21)
     big[-1] = float("nan")
     assert not _provably_finite([{"x": big}])
+
+
+def test_eager_sgd_steps_equal_the_generic_loop_bitwise(monkeypatch) -> None:
+    """``sgd_steps``' eager loop (flat dict, no correction, Python lr) against the generic
+    loop, forced by an identity correction: the same parameters and loss, bit for bit."""
+    from fedrisk.algorithms import local
+    from fedrisk.algorithms.base import LocalData
+    from fedrisk.models import FunctionalModel, build_model
+    from fedrisk.objectives.supervised import cross_entropy
+    from fedrisk.rng import client_generator
+
+    calls = []
+    eager = local._eager_sgd_steps
+    monkeypatch.setattr(local, "_eager_sgd_steps", lambda *a: calls.append(1) or eager(*a))
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(30, 8, generator=g), torch.randint(0, 4, (30,), generator=g)
+    data = LocalData(x, y, torch.tensor(30))
+    idx = local.sample_batches(client_generator(0, 0, 0), 30, 6, 5)
+    for name, options in [("logreg", {}), ("mlp", {"hidden": (16, 16)})]:
+        model = FunctionalModel(build_model(name, (8,), 4, **options))
+        params = model.init_params(torch.Generator().manual_seed(0))
+        objective = local.supervised_objective(model.apply, cross_entropy)
+        fast, fast_loss = local.sgd_steps(objective, params, data, idx, 0.1)
+        slow, slow_loss = local.sgd_steps(objective, params, data, idx, 0.1, correction=lambda p, gr: gr)
+        assert fast.keys() == slow.keys() and all(torch.equal(fast[k], slow[k]) for k in fast)
+        assert torch.equal(fast_loss, slow_loss)
+    assert len(calls) == 2  # the eager loop really ran (once per model)
