@@ -13,8 +13,9 @@ per client.  One round, for each block of the round's (sorted) clients:
    every client ``k`` of the block, exactly as
    :class:`~fedrisk.runtime.executor.SequentialExecutor` does.
 2. ``stack``: each client's per-client payload part (``plan.per_client[k]``), client state
-   (and draws, when made one by one) are flattened; clients whose trees have the same structure and leaf shapes form a
-   *group* (normally the whole block) and their tensor leaves are stacked into ``[C, ...]``.
+   (and draws, when made one by one) are flattened; clients whose trees have the same
+   structure and leaf shapes form a *group* (normally the whole block) and their tensor leaves
+   are stacked into ``[C, ...]`` (stateless clients with one payload skip this: one group).
    The ``broadcast`` part of the payload is not stacked: it is captured by the vmapped
    function, i.e. passed with ``in_dims=None``.  The clients' data are gathered from one
    concatenated store into ``[C, n_max, ...]`` tensors padded with zero rows up to the
