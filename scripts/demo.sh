@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The quickstart: FedAvg vs SCAFFOLD on Fashion-MNIST split over 20 clients by a Dirichlet(0.1)
-# label skew, 2 seeds each, 2 runs at a time (about two minutes on 2 cores). Ends with the
+# label skew, 2 seeds each, 2 runs at a time (well under a minute on 2 cores once set up). Ends with the
 # results table (mean ± std over seeds) and comparison plots under runs/quickstart/.
 # Finished runs are reused when the demo is run again; delete runs/quickstart to start afresh.
 set -euo pipefail

@@ -184,7 +184,9 @@ class Progress(Callback):
         try:
             columns = os.get_terminal_size(self.stream.fileno()).columns
         except (AttributeError, OSError, ValueError):
-            columns = shutil.get_terminal_size((100, 20)).columns
+            columns = 0
+        if columns <= 0:  # no terminal, or one that reports no size (a pseudo-terminal under `script`)
+            columns = shutil.get_terminal_size((100, 20)).columns or 100
         return max(columns - 1, 20)
 
     def _write(self, text: str) -> None:
