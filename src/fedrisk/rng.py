@@ -154,23 +154,21 @@ class ClientRNG:
         c = np.asarray(counters, dtype=np.uint64)
         return self._raw(c).reshape(self.batch_shape + c.shape)
 
+    def _next_subkeys(self) -> np.ndarray:
+        """Advance the call index; this call's keys ``mix64(key + CALL * call)``, shape ``(C, 1)``."""
+        self._calls += 1
+        if self._scalar:  # Python ints for one key: a few microseconds less per call
+            return np.full((1, 1), _mix64_int(int(self._keys[0]) + _CALL * self._calls), dtype=np.uint64)
+        return mix64(self._keys + np.uint64((_CALL * self._calls) & _MASK64))[:, None]
+
     def _raw(self, c: np.ndarray) -> np.ndarray:
         """The words of one call, shape ``(C,) + c.shape`` (``C = 1`` for one client)."""
-        self._calls += 1
-        if self._scalar:  # Python ints for the key: a few microseconds less per call
-            sub = np.uint64(_mix64_int(int(self._keys[0]) + _CALL * self._calls))
-            return mix64(sub + np.uint64(_GOLDEN) * (c + np.uint64(1)))[None]
-        sub = mix64(self._keys + np.uint64((_CALL * self._calls) & _MASK64))
-        return mix64(sub.reshape((-1,) + (1,) * c.ndim) + np.uint64(_GOLDEN) * (c + np.uint64(1)))
+        sub = self._next_subkeys().reshape((-1,) + (1,) * c.ndim)
+        return mix64(sub + np.uint64(_GOLDEN) * (c + np.uint64(1)))
 
     def _raw_range(self, n: int) -> np.ndarray:
         """:meth:`_raw` of the counters ``0 .. n-1``, shape ``(C, n)``."""
-        self._calls += 1
-        if self._scalar:
-            sub = np.uint64(_mix64_int(int(self._keys[0]) + _CALL * self._calls))
-            return mix64(_spread_counters(n) + sub)[None]
-        sub = mix64(self._keys + np.uint64((_CALL * self._calls) & _MASK64))
-        return mix64(sub[:, None] + _spread_counters(n))
+        return mix64(self._next_subkeys() + _spread_counters(n))
 
     def _unit(self, shape: tuple[int, ...]) -> np.ndarray:
         """Uniform float64 in [0, 1), shape ``(C,) + shape``."""
