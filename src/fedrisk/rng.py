@@ -95,6 +95,28 @@ def _spread_counters(n: int) -> np.ndarray:
     return out
 
 
+PERMUTATION_ELEMENTS = 1 << 22
+"""Bound on the ``clients x epochs x rows`` array one chunk of :meth:`ClientRNG.permutations` sorts."""
+
+
+def _epochs(total: int, n: int) -> int:
+    return max(1, -(-total // n))
+
+
+def _permutation_rows(sub: np.ndarray, sizes: np.ndarray, total: int) -> np.ndarray:
+    """Epochs of permutations for clients with call keys ``sub`` and sizes ``sizes``, cut to
+    ``total``: item ``j`` of epoch ``e`` is ranked by ``mix64(sub + GOLDEN * (((e << 32) | j) + 1))``."""
+    n_max, epochs = int(sizes.max()), _epochs(total, int(sizes.min()))
+    e = np.arange(epochs, dtype=np.uint64)[:, None]
+    j = np.arange(n_max, dtype=np.uint64)[None, :]
+    words = mix64(sub[:, None, None] + np.uint64(_GOLDEN) * (((e << np.uint64(32)) | j) + np.uint64(1)))
+    u = (words >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    sort_key = u + np.arange(epochs, dtype=np.float64)[:, None]  # epoch first, then the random rank
+    valid = np.arange(n_max)[None, None, :] < sizes.reshape(-1, 1, 1)
+    sort_key = np.where(valid, sort_key, np.inf).reshape(len(sizes), epochs * n_max)
+    return np.argsort(sort_key, axis=-1, kind="stable")[:, :total] % n_max
+
+
 @functools.lru_cache(maxsize=64)
 def _stream_key(seed: int, round: int, stream: str) -> int:
     return derive_seed(seed, round, "clients", stream)
@@ -230,16 +252,25 @@ class ClientRNG:
             raise ValueError(f"ClientRNG.permutations: n must be in [1, 2**32); got {h.tolist()}")
         if total < 0:
             raise ValueError(f"ClientRNG.permutations: total must be >= 0; got {total}")
-        n_max, n_min = int(h.max()), int(h.min())
-        epochs = max(1, -(-total // n_min))
-        e = np.arange(epochs, dtype=np.uint64)[:, None]
-        j = np.arange(n_max, dtype=np.uint64)[None, :]
-        u = (self._raw((e << np.uint64(32)) | j) >> np.uint64(11)).astype(np.float64) * 2.0**-53
-        sort_key = u + np.arange(epochs, dtype=np.float64)[:, None]  # epoch first, then the random rank
-        valid = np.arange(n_max)[None, None, :] < h.reshape(-1, 1, 1)
-        sort_key = np.where(valid, sort_key, np.inf).reshape(len(h), epochs * n_max)
-        order = np.argsort(sort_key, axis=-1, kind="stable")[:, :total] % n_max
-        return self._out(order.astype(np.int64), (total,))
+        sub = self._next_subkeys()[:, 0]
+        out = np.empty((len(h), total), dtype=np.int64)
+        # clients in order of size, in chunks whose [clients, epochs, n_max] sort stays below
+        # PERMUTATION_ELEMENTS (a block mixing tiny and large clients would otherwise need
+        # len(block) x epochs of the smallest x rows of the largest); results do not depend on it
+        by_size = np.argsort(h, kind="stable")
+        start = 0
+        while start < len(by_size):
+            end = start + 1
+            n_min = int(h[by_size[start]])
+            while (
+                end < len(by_size)
+                and (end + 1 - start) * _epochs(total, n_min) * int(h[by_size[end]]) <= PERMUTATION_ELEMENTS
+            ):
+                end += 1
+            rows = by_size[start:end]
+            out[rows] = _permutation_rows(sub[rows], h[rows], total)
+            start = end
+        return self._out(out, (total,))
 
     def torch_generator(self) -> torch.Generator:
         """A ``torch.Generator`` seeded from this client's stream (one client only).

@@ -133,6 +133,22 @@ def test_permutations_are_epochs_of_permutations() -> None:
     assert len(counts) == 6 and int(counts.min()) > 400
 
 
+def test_permutations_of_mixed_sizes_are_chunked_without_changing_results(monkeypatch) -> None:
+    """A block mixing 1-row and 5000-row clients is sorted in size-ordered chunks (bounded
+    memory); every chunking gives each client its own draw."""
+    from fedrisk import rng as rng_module
+
+    sizes = torch.tensor([5000, 1, 3, 5000, 2, 40])
+    clients = list(range(len(sizes)))
+    whole = client_generator(4, 1, clients).permutations(sizes, 24)
+    for budget in (1, 100, 30_000):
+        monkeypatch.setattr(rng_module, "PERMUTATION_ELEMENTS", budget)
+        assert torch.equal(client_generator(4, 1, clients).permutations(sizes, 24), whole)
+    monkeypatch.undo()
+    for i, k in enumerate(clients):
+        assert torch.equal(whole[i], client_generator(4, 1, k).permutations(int(sizes[i]), 24))
+
+
 def test_integers_with_per_client_bounds() -> None:
     x = client_generator(0, 0, [0, 1, 2]).integers(torch.tensor([1, 2, 2**31 - 1]), (500,))
     assert int(x[0].max()) == 0 and set(x[1].tolist()) == {0, 1} and int(x[2].max()) > 2**30
