@@ -468,7 +468,8 @@ class VectorizedExecutor(Executor):
         if stacked_draws is None:
             for k in block:
                 try:
-                    draws[k] = algorithm.draw(ctx, k, store.sizes[k], client_generator(seed, ctx.round, k))
+                    own_draws = algorithm.draw(ctx, k, store.sizes[k], client_generator(seed, ctx.round, k))
+                    draws[k] = _to_device(own_draws, store.x.device)
                 except FedriskError:
                     raise
                 except Exception as exc:
@@ -534,7 +535,7 @@ class VectorizedExecutor(Executor):
                     f"{len(block)} clients returned a leaf that is not a tensor [{len(block)}, ...] "
                     f"({type(leaf).__name__} {tuple(getattr(leaf, 'shape', ()))}); see Algorithm.draw"
                 )
-        return out
+        return _to_device(out, store.x.device)
 
     def _run_group(
         self,
@@ -609,6 +610,14 @@ class _LazyDraws(Mapping[int, Tree]):
 
     def __len__(self) -> int:
         return len(self._position)
+
+
+def _to_device(draws: Tree, device: torch.device) -> Tree:
+    """The draws' tensors on the clients' data device (``ClientRNG`` draws on the CPU), so that
+    indexing the stacked data under vmap never mixes devices; a no-op on the CPU."""
+    if device.type == "cpu":
+        return draws
+    return tree_map(lambda x: x.to(device) if isinstance(x, Tensor) else x, draws)
 
 
 def _select_rows(stacked: Tree, rows: list[int] | None) -> Tree:
