@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _mlp import mlp  # this script's folder (also on the Ray actors' PYTHONPATH, see main)
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
@@ -54,17 +55,6 @@ def load_workload() -> dict[str, Any]:
     return _CACHE["data"]
 
 
-def make_model(workload: dict[str, Any]) -> nn.Sequential:
-    """The workload's model (the same layers and parameter order as fedrisk's)."""
-    widths = [64, *workload["hidden"], 10]
-    layers: list[nn.Module] = []
-    for i in range(len(widths) - 1):
-        layers.append(nn.Linear(widths[i], widths[i + 1]))
-        if i < len(widths) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
 # -- ClientApp -----------------------------------------------------------------------------------
 client_app = ClientApp()
 
@@ -76,7 +66,7 @@ def train(msg: Message, context: Context) -> Message:
     wl = data["workload"]
     if "model" not in _CACHE:
         torch.set_num_threads(1)
-        _CACHE["model"] = make_model(wl)
+        _CACHE["model"] = mlp(wl["hidden"])
     model: nn.Sequential = _CACHE["model"]
     params = list(model.parameters())
     client = int(context.node_config["partition-id"])
@@ -130,7 +120,7 @@ def server_main(grid: Grid, context: Context) -> None:
     data = load_workload()
     wl = data["workload"]
     clients = len(data["clients_x"])
-    model = make_model(wl)
+    model = mlp(wl["hidden"])
     with torch.no_grad():
         for p, v in zip(model.parameters(), data["init"]):
             p.copy_(v)

@@ -8,8 +8,7 @@ training split's mean / std after an 80/20 stratified split with seed 0):
 * ``W2``: 1000 clients of 32 rows each drawn with replacement from the training split,
   logistic regression 64-10, 5 local steps, 10 rounds.
 * ``H`` (compute-heavy, for the distributed executor's scaling): W1's clients with an MLP
-  64-512-512-10 and 40 local steps, 6 rounds (the ``heavy`` workload of
-  ``tests/runtime/distributed_bench.py``, with fewer rounds).
+  64-512-512-10 and 40 local steps, 6 rounds.
 
 Implementations (``--impl``; each runs in its own subprocess so that its peak memory is its
 own; the same data, the same initial model and the same per-client minibatch indices
@@ -80,6 +79,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _mlp import mlp  # this script's folder
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch import Tensor, nn
@@ -204,23 +204,12 @@ def initial_params(workload: Workload) -> dict[str, Tensor]:
 
 def torch_model(workload: Workload) -> nn.Sequential:
     """The workload's model as a plain ``nn.Sequential`` (its parameters in fedrisk's order)."""
-    widths = [64, *workload.hidden, 10]
-    layers: list[nn.Module] = []
-    for i in range(len(widths) - 1):
-        layers.append(nn.Linear(widths[i], widths[i + 1]))
-        if i < len(widths) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
-def draws(fed: Federation, workload: Workload, round: int) -> list[Tensor]:
-    """Every client's minibatch indices ``[E, B]`` for ``round``: fedrisk's own draws."""
-    e, b = workload.local_steps, workload.batch_size
-    return [sample_batches(client_generator(0, round, k), len(c), e, b) for k, c in enumerate(fed.clients)]
+    return mlp(workload.hidden)
 
 
 def block_draws(fed: Federation, workload: Workload, round: int) -> Tensor:
-    """The same indices ``[C, E, B]`` from one block draw (row k equals ``draws(...)[k]``)."""
+    """Every client's minibatch indices for ``round``, ``[C, E, B]``: fedrisk's own draws, made
+    in one block call (row k equals ``sample_batches(client_generator(0, round, k), ...)``)."""
     sizes = torch.tensor([len(c) for c in fed.clients])
     rng = client_generator(0, round, list(range(len(fed.clients))))
     return sample_batches(rng, sizes, workload.local_steps, workload.batch_size)
@@ -242,7 +231,7 @@ def export_workload(workload: Workload, path: Path) -> None:
             "test_x": fed.test.x,
             "test_y": fed.test.y,
             "init": list(init.values()),  # in nn.Sequential's parameter order
-            "indices": torch.stack([torch.stack(draws(fed, workload, r)) for r in range(workload.rounds)]),
+            "indices": torch.stack([block_draws(fed, workload, r) for r in range(workload.rounds)]),
         },
         path,
     )
@@ -421,7 +410,7 @@ class FloorRunner(Runner):
         self.y = torch.cat([c.y for c in fed.clients])
         offsets = torch.tensor([0] + [len(c) for c in fed.clients[:-1]]).cumsum(0)
         # global rows [E, C * B] of each round's minibatches (drawn here, before timing: not compute)
-        self.rows = [(torch.stack(draws(fed, workload, r)) + offsets[:, None, None]).transpose(0, 1).flatten(1)
+        self.rows = [(block_draws(fed, workload, r) + offsets[:, None, None]).transpose(0, 1).flatten(1)
                      for r in range(workload.rounds)]  # fmt: skip
 
     def step(self, r: int) -> None:

@@ -34,6 +34,13 @@ def tree_leaves(tree: Tree) -> list[Any]:
 
 
 def tensor_leaves(tree: Tree) -> list[Tensor]:
+    """The tensor leaves of ``tree`` in pytree order.  Nested plain dicts (model parameters,
+    replies, states) skip ``torch.utils._pytree``: the executors call this for every client of
+    every round (byte ledger, NaN checks), where its per-call overhead showed."""
+    if isinstance(tree, Tensor):
+        return [tree]
+    if type(tree) is dict:
+        return [x for v in tree.values() for x in tensor_leaves(v)]
     return [x for x in pytree.tree_leaves(tree) if isinstance(x, Tensor)]
 
 

@@ -71,5 +71,8 @@ def test_block_draw_equals_client_draws(name: str) -> None:
 
 def test_some_cases_draw_in_blocks() -> None:
     """The test above is not vacuous: FedAvg, SCAFFOLD and CODASCA draw in blocks."""
+    from fedrisk.algorithms import ALGORITHMS
+
     names = {c.name for c in CASES}
     assert {"alg/fedavg", "alg/scaffold", "alg/codasca", "alg/coda"} <= names
+    assert all(ALGORITHMS.get(n).batched_draw for n in ("fedavg", "fedprox", "scaffold", "codasca", "coda"))

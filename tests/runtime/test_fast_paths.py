@@ -1,11 +1,12 @@
-"""The sequential executor's fast paths equal the generic ones bit for bit."""
+"""The executors' fast paths equal the generic ones."""
 
 from __future__ import annotations
 
 import torch
 
 from fedrisk.aggregators.base import InMemoryReplies
-from fedrisk.runtime.executor import _provably_finite, _SequentialReplies
+from fedrisk.runtime.executor import _provably_finite
+from fedrisk.tree import tensor_leaves, tree_nbytes
 
 
 def _replies() -> dict[int, dict]:
@@ -15,7 +16,7 @@ def _replies() -> dict[int, dict]:
 
 def test_stacked_sum_equals_one_by_one_sum(monkeypatch) -> None:
     """The replies' stacked reduction (one tensordot per leaf, chunked) against adding the
-    replies one by one; and the sequential executor's replies give the generic numbers."""
+    replies one by one."""
     from fedrisk.aggregators import base
 
     replies = _replies()
@@ -26,15 +27,27 @@ def test_stacked_sum_equals_one_by_one_sum(monkeypatch) -> None:
         by_hand = {n: sum(wk * t[n] for wk, t in zip(ws, trees)) for n in ("w", "b")}
         got = InMemoryReplies(replies).sum("params", w)
         assert all(torch.allclose(got[n], by_hand[n], rtol=1e-6, atol=1e-7) for n in ("w", "b"))
-        fast = _SequentialReplies(replies).sum("params", w)
-        assert all(torch.equal(fast[n], got[n]) for n in ("w", "b"))
         monkeypatch.setattr(base, "STACK_BYTES", 60)  # one reply per chunk for "w" (60 bytes)
         chunked = InMemoryReplies(replies).sum("params", w)
         monkeypatch.undo()
         assert all(torch.allclose(chunked[n], got[n], rtol=1e-6, atol=1e-7) for n in ("w", "b"))
     mixed = {0: {"p": {"a": torch.ones(2)}}, 1: {"p": {"a": torch.ones(3)}}}
     assert base.stacked_weighted_sum([r["p"] for r in mixed.values()]) is None  # shapes differ
-    assert _SequentialReplies(replies).nbytes() == InMemoryReplies(replies).nbytes() == {0: 72, 2: 72, 7: 72}
+    assert InMemoryReplies(replies).nbytes() == {0: 72, 2: 72, 7: 72}
+
+
+def test_tensor_leaves_fast_path_keeps_pytree_order() -> None:
+    """Nested plain dicts skip torch's pytree but give its leaves, in its order."""
+    from torch.utils import _pytree as pytree
+
+    nested = {"y": torch.zeros(3), "b": [torch.ones(1), 2.0, None]}
+    tree = {"z": torch.ones(2), "a": nested, "n": 3, "t": (torch.ones(4),)}
+    expected = [x for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
+    got = tensor_leaves(tree)
+    assert len(got) == len(expected) == 4 and all(a is b for a, b in zip(got, expected))
+    assert tree_nbytes(tree) == 4 * (2 + 3 + 1 + 4)
+    single = torch.ones(2)
+    assert tensor_leaves(single)[0] is single
 
 
 def test_provably_finite_detects_nan_and_inf() -> None:

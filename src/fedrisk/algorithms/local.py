@@ -113,7 +113,7 @@ def sgd_steps(
         correction is None
         and isinstance(lr, (int, float))
         and type(params) is dict
-        and all([isinstance(p, Tensor) for p in params.values()])
+        and all(isinstance(p, Tensor) for p in params.values())
         and torch.is_grad_enabled()
         and not in_functorch_transform()
     ):

@@ -509,8 +509,7 @@ def run_experiment(
     rd = RunDir(out if out is not None else default_out_dir(cfg))
     executor = make_executor(cfg["run.executor"])
     # the run directory is decided (and the checkpoint read) once, by the primary process
-    on_primary = getattr(executor, "run_on_primary", None) or (lambda fn: fn())
-    ckpt = on_primary(lambda: _prepare_dir(rd, cfg, resume=resume, overwrite=overwrite))
+    ckpt = executor.run_on_primary(lambda: _prepare_dir(rd, cfg, resume=resume, overwrite=overwrite))
 
     threads_before = torch.get_num_threads()
     if cfg["run.threads"]:
@@ -582,7 +581,7 @@ def _run(
         guard,
         history,
         show.elapsed,
-        agree=getattr(executor, "any_rank", None),
+        agree=executor.any_rank,
     )
     callbacks: list[Callback] = [TrainMetrics()]
     if primary:

@@ -19,7 +19,7 @@ from fedrisk.aggregators.base import InMemoryReplies, Replies
 from fedrisk.algorithms.base import Algorithm, ClientResult, LocalData, RoundContext, RoundPlan
 from fedrisk.errors import FedriskError
 from fedrisk.rng import client_generator
-from fedrisk.tree import Tree, tensor_leaves, tree_all_finite, tree_nbytes
+from fedrisk.tree import Tree, tensor_leaves, tree_all_finite
 
 T = TypeVar("T")
 
@@ -83,24 +83,6 @@ def check_reply(client: int, round: int, reply: Any, on_failure: str) -> str | N
     return reason
 
 
-def _leaves(tree: Tree) -> list[Tensor]:
-    """The tensor leaves of ``tree`` (nested plain dicts without ``torch.utils._pytree``)."""
-    if isinstance(tree, Tensor):
-        return [tree]
-    if type(tree) is dict:
-        return [x for v in tree.values() for x in _leaves(v)]
-    return tensor_leaves(tree)
-
-
-def _nbytes(tree: Tree) -> int:
-    """:func:`fedrisk.tree.tree_nbytes` with a fast path for nested plain dicts."""
-    if isinstance(tree, Tensor):
-        return tree.numel() * tree.element_size()
-    if type(tree) is dict:
-        return sum(_nbytes(v) for v in tree.values())
-    return tree_nbytes(tree)
-
-
 _CHUNK = 1 << 20
 """Elements stacked at a time by :func:`_provably_finite` (4 MiB of float32)."""
 
@@ -112,7 +94,7 @@ def _provably_finite(trees: Sequence[Tree]) -> bool:
     NaN / inf, or a sum of finite values that overflowed; callers then check tree by tree."""
     groups: dict[tuple[torch.Size, torch.dtype, torch.device], list[Tensor]] = {}
     for tree in trees:
-        for x in _leaves(tree):
+        for x in tensor_leaves(tree):
             if x.is_floating_point() and x.numel():
                 groups.setdefault((x.shape, x.dtype, x.device), []).append(x)
     for xs in groups.values():
@@ -121,14 +103,6 @@ def _provably_finite(trees: Sequence[Tree]) -> bool:
             if not bool(torch.isfinite(torch.stack(xs[start : start + per]).sum())):
                 return False
     return True
-
-
-class _SequentialReplies(InMemoryReplies):
-    """:class:`InMemoryReplies` whose ``nbytes`` skips ``torch.utils._pytree`` for nested
-    plain dicts (the ledger's per-round count over a thousand replies)."""
-
-    def nbytes(self) -> dict[int, int]:
-        return {k: _nbytes(v) for k, v in self.as_dict().items()}
 
 
 class SequentialExecutor(Executor):
@@ -170,7 +144,7 @@ class SequentialExecutor(Executor):
         if not kept:
             raise ClientFailure(f"every client failed in round {ctx.round}: {failed}")
         return RoundOutput(
-            _SequentialReplies({k: r.reply for k, r in kept.items()}),
+            InMemoryReplies({k: r.reply for k, r in kept.items()}),
             {k: r.state for k, r in kept.items()},
             {k: r.metrics for k, r in kept.items()},
             failed,

@@ -61,7 +61,7 @@ client by client (on the clients' unpadded data) to find the failing client, whi
 
 **When it pays.**  Many small clients: the per-client Python and kernel-launch overhead of the
 sequential executor is what vmap removes (``benchmarks/RESULTS.md``: 4-5x faster than
-sequential on 100 MLP clients, 10-20x on 1000 logistic-regression clients).  Compute-bound
+sequential on 100 MLP clients, 9-17x on 1000 logistic-regression clients).  Compute-bound
 clients do not gain: with wide layers every client's weight matrix is a separate batched GEMM
 and a separate weight gradient, and on the benchmark's heavy variant (MLP 64-512-512-10, 40
 local steps per client) the vectorised executor was 1.5x *slower* than the sequential one;
