@@ -11,6 +11,7 @@ import torch
 
 from fedrisk.errors import FedriskError
 from fedrisk.experiment import RunDir, RunInterrupted, load_config, resolve_config, run_experiment
+from fedrisk.experiment.progress import Progress
 from fedrisk.experiment.runner import SignalGuard, build_simulation, load_checkpoint
 
 from .conftest import crash_at, interrupt_at, records, without_time
@@ -158,7 +159,7 @@ def test_damaged_checkpoint_is_a_user_error(tiny, tmp_path, monkeypatch):
         with pytest.raises(RunInterrupted):
             run_experiment(cfg, tmp_path / "r", progress="none")
     (tmp_path / "r" / "checkpoint.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(FedriskError, match=r"cannot read checkpoint .*checkpoint.pt"):
+    with pytest.raises(FedriskError, match=r"no usable checkpoint: .*checkpoint.pt is not a fedrisk checkpoint"):
         run_experiment(cfg, tmp_path / "r", resume=True, progress="none")
 
 
@@ -172,7 +173,18 @@ def test_second_sigint_stops_at_once():
     assert signal.getsignal(signal.SIGINT) is before
 
 
-def test_threads_setting_is_restored(tiny, tmp_path):
-    before = torch.get_num_threads()
+def test_threads_setting_is_restored(tiny, tmp_path, monkeypatch):
+    """The run uses ``run.threads`` and puts back the caller's setting (the conftest sets one
+    thread, so the caller here uses two and the run one)."""
+    seen = []
+    original = Progress.on_round_end
+
+    def hook(self, sim, report):
+        seen.append(torch.get_num_threads())
+        original(self, sim, report)
+
+    monkeypatch.setattr(Progress, "on_round_end", hook)
+    torch.set_num_threads(2)
     run_experiment(resolve_config(tiny, ["run.rounds=1", "run.threads=1"]), tmp_path / "t", progress="none")
-    assert torch.get_num_threads() == before
+    assert seen == [1]
+    assert torch.get_num_threads() == 2

@@ -7,7 +7,8 @@
                            bytes_up (totals so far), wall_time (seconds, across resumes)
     DIR/summary.json       written when the run finishes: final and best metrics, totals
     DIR/partition.json     per-client class counts (and partition.md, the same as a table)
-    DIR/checkpoint.pt      the latest checkpoint (torch.save; written atomically)
+    DIR/checkpoint.pt      the latest checkpoint (SHA-256 manifest + torch.save; written atomically)
+    DIR/checkpoint.pt.prev the checkpoint before it (the fallback when the latest is damaged)
     DIR/plots/*.png        metric vs round and vs bytes communicated
 
 Every file is written to a temporary file in the same directory and renamed over the target
@@ -39,10 +40,11 @@ CONFIG = "config.toml"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINT = "checkpoint.pt"
+CHECKPOINT_PREV = "checkpoint.pt.prev"
 PARTITION_JSON = "partition.json"
 PARTITION_MD = "partition.md"
 PLOTS = "plots"
-OUTPUT_FILES = (CONFIG, METRICS, SUMMARY, CHECKPOINT, PARTITION_JSON, PARTITION_MD)
+OUTPUT_FILES = (CONFIG, METRICS, SUMMARY, CHECKPOINT, CHECKPOINT_PREV, PARTITION_JSON, PARTITION_MD)
 """Files a run owns (``--overwrite`` removes exactly these and ``plots/``)."""
 
 RECORD_KEYS = ("round", "bytes_down", "bytes_up", "wall_time")

@@ -37,7 +37,6 @@ Example:
 from __future__ import annotations
 
 import json
-import random
 import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -45,12 +44,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-import numpy as np
 import torch
 
 import fedrisk
 from fedrisk.api import Callback, History, resolve_metrics, run_simulation
 from fedrisk.errors import FedriskError
+from fedrisk.experiment.checkpoint import load_newest, pack_global_rng, unpack_global_rng, write_checkpoint
 from fedrisk.experiment.config import (
     AUTO,
     NONE,
@@ -65,7 +64,6 @@ from fedrisk.experiment.outputs import (
     RECORD_KEYS,
     RunDir,
     append_jsonl,
-    atomic_torch_save,
     atomic_write_text,
     load_run,
     write_json,
@@ -402,7 +400,8 @@ def save_checkpoint(path: Path, sim: Simulation, config: Mapping[str, Any], hist
     """Write the checkpoint of ``sim`` atomically (see the module docstring for its content)."""
     state = sim.state_dict()
     state["client_states"] = sim.executor.collect_states(sim.client_states)
-    atomic_torch_save(
+    write_checkpoint(
+        path,
         {
             "format": CHECKPOINT_FORMAT,
             "fedrisk_version": fedrisk.__version__,
@@ -411,18 +410,18 @@ def save_checkpoint(path: Path, sim: Simulation, config: Mapping[str, Any], hist
             "simulation": state,
             "history": [dict(r) for r in history.records],
             "elapsed": float(elapsed),
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+            "rng": pack_global_rng(),
         },
-        path,
+        format=CHECKPOINT_FORMAT,
+        round=sim.round,
     )
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save_checkpoint`."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:
-        raise FedriskError(f"cannot read checkpoint {path}: {exc}") from None
+    """Read a checkpoint written by :func:`save_checkpoint` (checked and loaded without running
+    code; a bad newest file falls back to the previous one with a warning, see
+    :mod:`fedrisk.experiment.checkpoint`)."""
+    ckpt, path = load_newest(path)
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise FedriskError(f"{path} is not a fedrisk checkpoint (format {CHECKPOINT_FORMAT})")
     return ckpt
@@ -563,10 +562,7 @@ def _run(
         sim.load_state_dict(ckpt["simulation"])
         history.records = [dict(r) for r in ckpt["history"]]
         elapsed_before = float(ckpt["elapsed"])
-        rng = ckpt["rng"]
-        torch.set_rng_state(rng["torch"])
-        np.random.set_state(rng["numpy"])
-        random.setstate(rng["python"])
+        unpack_global_rng(ckpt["rng"])
     if primary:
         write_jsonl(rd.metrics, history.records)
 

@@ -1,0 +1,293 @@
+"""Safe, checked checkpoint files: a SHA-256 manifest in every file, the previous good file
+kept, loading that never executes code.
+
+A checkpoint file is three parts::
+
+    b"FEDRISK-CHECKPOINT\\n"                 magic line
+    {"sha256": ..., "bytes": ..., ...}\\n     manifest: one JSON line
+    <payload>                                 torch.save of plain containers and tensors
+
+The manifest holds the SHA-256 digest and the length of the payload, the checkpoint format and
+the round.  :func:`write_checkpoint` writes the new file to a temporary file (``fsync``), keeps
+the current newest file as ``<name>.prev`` (a hard link, or a copy where the file system has
+none, renamed into place) and renames the temporary file over ``<name>``: a process killed at
+any instant (``kill -9`` included) leaves a complete newest file and a complete previous file.
+
+:func:`read_checkpoint` checks the magic line, the length and the digest *before* it unpickles
+anything, then unpickles with ``torch.load(weights_only=True)``: only tensors, numbers,
+strings and plain containers can come out, and a file whose pickle names any other callable
+(a crafted ``__reduce__``) is refused with :class:`UnsafeCheckpointError` without running it.
+A digest only detects accidents (truncation, bit flips); the restricted unpickler is what makes
+a file from elsewhere safe to read.  :func:`load_newest` tries ``<name>`` and then
+``<name>.prev`` and warns which file was bad and why.
+
+The NumPy and Python global generator states are not plain data in their own types (NumPy's is
+a tuple holding an array); :func:`pack_global_rng` / :func:`unpack_global_rng` turn them into
+tensors and ints and back.
+
+Example:
+    >>> import tempfile, warnings
+    >>> from pathlib import Path
+    >>> path = Path(tempfile.mkdtemp()) / "checkpoint.pt"
+    >>> write_checkpoint(path, {"round": 1, "w": torch.ones(2)}, round=1)
+    >>> write_checkpoint(path, {"round": 2, "w": torch.zeros(2)}, round=2)
+    >>> read_checkpoint(path)["round"], read_checkpoint(previous_path(path))["round"]
+    (2, 1)
+    >>> data = path.read_bytes()
+    >>> _ = path.write_bytes(data[: len(data) - 10])  # a truncated newest file
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     state, used = load_newest(path)
+    >>> state["round"], used.name, "truncated" in str(caught[0].message)
+    (1, 'checkpoint.pt.prev', True)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pickle
+import random
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedrisk.errors import FedriskError
+
+MAGIC = b"FEDRISK-CHECKPOINT\n"
+MANIFEST_VERSION = 1
+MAX_MANIFEST_BYTES = 1 << 16
+LEGACY_PREFIXES = (b"PK\x03\x04", b"\x80")  # torch.save's zip file, a bare pickle
+
+
+class CheckpointError(FedriskError):
+    """A checkpoint file cannot be used (missing, truncated, corrupted, not a checkpoint)."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint file names code to run while loading; it was refused, nothing ran."""
+
+
+class CheckpointWarning(UserWarning):
+    """The newest checkpoint was bad and an older one is used."""
+
+
+def previous_path(path: str | Path) -> Path:
+    """Where the previous good checkpoint of ``path`` is kept (``checkpoint.pt.prev``)."""
+    p = Path(path)
+    return p.with_name(p.name + ".prev")
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def encode(payload: Any, **manifest: Any) -> bytes:
+    """Magic line + manifest line (SHA-256 and length of the payload, plus ``manifest``) + payload."""
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    body = buf.getvalue()
+    head = {"version": MANIFEST_VERSION, "sha256": hashlib.sha256(body).hexdigest(), "bytes": len(body), **manifest}
+    return MAGIC + json.dumps(head, sort_keys=True).encode() + b"\n" + body
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # not possible on every platform (Windows)
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _keep_previous(path: Path) -> None:
+    """Make ``<path>.prev`` the current ``path`` (atomically; ``path`` itself stays in place)."""
+    prev = previous_path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{prev.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    os.unlink(tmp)
+    try:
+        try:
+            os.link(path, tmp)
+        except OSError:  # no hard links here: copy
+            shutil.copyfile(path, tmp)
+        os.replace(tmp, prev)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_checkpoint(path: str | Path, payload: Any, **manifest: Any) -> None:
+    """Write ``payload`` to ``path`` with its manifest; the file there before becomes
+    ``<path>.prev`` (only when it is itself a valid checkpoint: a corrupted newest file never
+    replaces a good previous one)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = encode(payload, **manifest)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if path.is_file() and verify(path) is None:
+            _keep_previous(path)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _split(path: Path, data: bytes) -> tuple[dict[str, Any], bytes]:
+    """The manifest and the payload of ``data``, checked; raises CheckpointError naming the reason."""
+    if not data.startswith(MAGIC):
+        if len(data) < len(MAGIC) and MAGIC.startswith(data):
+            raise CheckpointError(f"{path} is truncated ({len(data)} bytes)")
+        raise CheckpointError(f"{path} is not a fedrisk checkpoint (it does not start with {MAGIC[:-1].decode()!r})")
+    end = data.find(b"\n", len(MAGIC), len(MAGIC) + MAX_MANIFEST_BYTES)
+    if end < 0:
+        raise CheckpointError(f"{path} is truncated or corrupted (no complete manifest line)")
+    try:
+        head = json.loads(data[len(MAGIC) : end])
+        digest, length = str(head["sha256"]), int(head["bytes"])
+    except (ValueError, KeyError, TypeError):
+        raise CheckpointError(f"{path} is corrupted (its manifest line is not valid)") from None
+    body = data[end + 1 :]
+    if len(body) < length:
+        raise CheckpointError(f"{path} is truncated: {len(body)} of {length} payload bytes")
+    if len(body) > length:
+        raise CheckpointError(f"{path} is corrupted: {len(body) - length} bytes more than its manifest says")
+    actual = hashlib.sha256(body).hexdigest()
+    if actual != digest:
+        raise CheckpointError(
+            f"{path} is corrupted: SHA-256 {actual[:12]}... differs from its manifest's {digest[:12]}..."
+        )
+    return head, body
+
+
+def verify(path: str | Path) -> str | None:
+    """None when ``path`` is a complete checkpoint whose digest matches, else the reason."""
+    path = Path(path)
+    try:
+        _split(path, path.read_bytes())
+    except CheckpointError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"cannot read {path}: {exc.strerror or exc}"
+    return None
+
+
+def safe_unpickle(path: Path, body: bytes) -> Any:
+    """``torch.load(weights_only=True)``: tensors and plain containers only; anything else is refused."""
+    try:
+        return torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln or "Unsupported global" in ln]
+        if not lines:
+            raise CheckpointError(f"cannot read checkpoint {path}: it is corrupted ({type(exc).__name__})") from None
+        raise UnsafeCheckpointError(
+            f"refused to load {path}: it holds objects other than tensors, numbers, strings and plain "
+            f"containers, which could run code when loaded ({lines[0]}). Nothing from it was executed; "
+            "only load checkpoints written by fedrisk"
+        ) from None
+    except Exception as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {type(exc).__name__}: {exc}") from None
+
+
+def read_checkpoint(path: str | Path) -> Any:
+    """The payload of ``path``, checked against its manifest and unpickled safely.
+
+    A file without the magic line (written by fedrisk before manifests existed) is read with the
+    same restricted unpickler, without a digest to check.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from None
+    if not data.startswith(MAGIC) and data.startswith(LEGACY_PREFIXES):
+        return safe_unpickle(path, data)  # written before manifests existed: restricted, unchecked
+    _, body = _split(path, data)
+    return safe_unpickle(path, body)
+
+
+def load_newest(path: str | Path) -> tuple[Any, Path]:
+    """``(payload, file used)``: ``path`` if it is good, else ``<path>.prev`` with a
+    :class:`CheckpointWarning` naming what was wrong with ``path``.
+
+    A refused (unsafe) file is never skipped silently: the error is raised even when an older
+    file exists, since someone replaced the checkpoint.  When no file is good, the
+    :class:`CheckpointError` names every file tried and why it failed.
+    """
+    path = Path(path)
+    reasons = []
+    for candidate in (path, previous_path(path)):
+        if not candidate.exists():
+            reasons.append(f"{candidate} does not exist")
+            continue
+        try:
+            payload = read_checkpoint(candidate)
+        except UnsafeCheckpointError:
+            raise
+        except CheckpointError as exc:
+            reasons.append(str(exc))
+            continue
+        if candidate != path:
+            warnings.warn(
+                f"{reasons[0]}; resuming from the previous checkpoint {candidate} instead",
+                CheckpointWarning,
+                stacklevel=2,
+            )
+        return payload, candidate
+    raise CheckpointError("no usable checkpoint: " + "; ".join(reasons))
+
+
+# ----------------------------------------------------------------------------- global generators
+
+
+def pack_global_rng() -> dict[str, Any]:
+    """The torch, NumPy and Python global generator states as tensors, ints and strings."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "kind": str(kind),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "python": {"version": int(version), "internal": list(internal), "gauss": gauss},
+    }
+
+
+def unpack_global_rng(state: dict[str, Any]) -> None:
+    """Restore what :func:`pack_global_rng` packed (older checkpoints held NumPy's own tuple)."""
+    torch.set_rng_state(state["torch"])
+    npy = state["numpy"]
+    if isinstance(npy, dict):
+        keys = npy["keys"].numpy().astype(np.uint32)
+        np.random.set_state((npy["kind"], keys, npy["pos"], npy["has_gauss"], npy["cached_gaussian"]))
+    else:
+        np.random.set_state(npy)
+    py = state["python"]
+    if isinstance(py, dict):
+        random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
+    else:
+        random.setstate(py)
