@@ -161,3 +161,49 @@ def test_parallel_sweep_stops_on_sigterm_and_forwards_it(tiny, tmp_path, monkeyp
     assert cmd[1:5] == ["-m", "fedrisk", "run", str(tmp_path / "s" / "sweep.toml")]
     assert cmd[cmd.index("--set") + 1] == "algorithm.lr=0.1"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_real_children_get_sigterm_checkpoint_and_resume_exactly(tiny, tmp_path):
+    """Two real ``python -m fedrisk run`` children: SIGTERM to the sweep reaches both, each
+    writes its checkpoint and exits 143; running the sweep again resumes them and every point
+    ends equal to an uninterrupted run of it."""
+    import os
+    import threading
+    import time
+
+    from fedrisk.experiment import RunDir
+    from fedrisk.experiment.outputs import read_jsonl
+
+    tiny["run"].update(rounds=30, eval_every=3)
+    cfg = resolve_config(tiny)
+    grid = {"algorithm.lr": [0.05, 0.2]}
+    out = tmp_path / "s"
+    points = expand_sweep(cfg, out, grid=grid, seeds=[0])
+    sent: list[float] = []
+
+    def stop_when_both_have_started() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if all(read_jsonl(p.path / "metrics.jsonl") for p in points):
+                sent.append(time.monotonic())
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=stop_when_both_have_started, daemon=True)
+    watcher.start()
+    with pytest.raises(SweepInterrupted) as info:
+        run_sweep(cfg, out, grid=grid, seeds=[0], jobs=2, progress="none")
+    watcher.join()
+    assert sent and info.value.exit_code == 143
+    for p in points:
+        assert RunDir(p.path).status() == "checkpointed", (p.path / "sweep.log").read_text()
+        assert "SIGTERM received" in (p.path / "sweep.log").read_text()
+        assert 0 < len(records(p.path)) < 10  # stopped part-way
+
+    again = run_sweep(cfg, out, grid=grid, seeds=[0], jobs=2, progress="none")
+    assert not again.failed, again.failed
+    for p in points:
+        assert RunDir(p.path).status() == "finished"
+        fresh = run_experiment(p.config, tmp_path / "fresh" / p.label, progress="none", seed=p.seed)
+        assert without_time(records(p.path)) == without_time(fresh.history.records)
