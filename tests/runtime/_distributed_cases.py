@@ -25,6 +25,8 @@ Cases:
   from the server state, an integer reply leaf summed, 2 clients per round (so that some rank
   has no client in a round and contributes zeros to the sums); ``own/shuffle-skip`` /
   ``own/shuffle-raise``: client 1 replies NaN in round 1 (skipped / stopping the run).
+* ``faults/<name>`` — SCAFFOLD, CODASCA and local training with clients that raise, miss the
+  deadline or reply NaN / inf (``fedrisk.runtime.faults``), skipped.
 * ``fedavg/attack`` — FedAvg with an omniscient attack (:class:`NegatedMean`, reads
   ``Replies.as_dict``) on clients 0 and 4.
 * ``fedavg/float32`` — FedAvg in float32 (compared to 1e-5 relative).
@@ -264,6 +266,16 @@ def _toy_cases() -> list[Case]:
     ]
 
 
+def faulty(name: str) -> Built:
+    """``name`` (as a config builds it) whose clients raise, miss the deadline or reply NaN / inf
+    in rounds 0 and 1, under ``on_client_failure = "skip"``."""
+    from fedrisk.runtime.faults import Fault, FaultInjected
+
+    alg, fed, _ = config_algorithm(name)
+    faults = [Fault(0, 0, "nan"), Fault(1, 0, "raise"), Fault(2, 1, "deadline"), Fault(3, 1, "inf")]
+    return FaultInjected(alg, faults), fed, {"on_client_failure": "skip"}
+
+
 # -- cases -----------------------------------------------------------------------------------
 @dataclass
 class Case:
@@ -302,6 +314,8 @@ def cases() -> list[Case]:
             raises="client 1 replied with NaN/inf values in round 1 (reply or new client state)",
         )
     )
+    for name in ("scaffold", "codasca", "local_only"):  # failing clients under skip (tests/runtime/test_faults.py)
+        out.append(Case(f"faults/{name}", lambda name=name: faulty(name)))
     fedavg = lambda: FedAvg(model=model(), loss=cross_entropy, **SMALL)  # noqa: E731
     out.append(Case("fedavg/attack", lambda: (fedavg(), federation(), {"attack": NegatedMean(), "byzantine": [0, 4]})))
     out.append(Case("fedavg/float32", lambda: (fedavg(), federation(), {}), dtype=torch.float32))

@@ -294,6 +294,7 @@ SCHEMA: dict[str, list[Option]] = {
             "a failing / NaN client stops the run or is skipped",
             choices=FAILURE_POLICIES,
         ),
+        _o("min_replies", "int", 1, "a round with fewer valid client replies stops the run (never counted)", low=1),
         _o(
             "checkpoint_every",
             "int",

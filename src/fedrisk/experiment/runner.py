@@ -201,6 +201,7 @@ def build_simulation(cfg: ExperimentConfig, seed: int | None = None, executor: E
         attack=attack,
         byzantine=byzantine,
         on_client_failure=cfg["run.on_client_failure"],
+        min_replies=cfg["run.min_replies"],
     )
     resolved = {
         "seed": seed,

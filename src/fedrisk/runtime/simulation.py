@@ -88,6 +88,9 @@ class Simulation:
         byzantine: ids of the Byzantine clients.
         on_client_failure: ``"raise"`` (default) stops the run naming the client when it raises
             or replies with NaN/inf; ``"skip"`` drops that client's reply for the round.
+        min_replies: the fewest valid replies a round needs; a round with fewer stops the run
+            with a :class:`~fedrisk.runtime.executor.ClientFailure` before anything is updated
+            (the round is not counted as completed).
         init_params: initial model parameters (default: ``algorithm.init_params``).
     """
 
@@ -103,9 +106,13 @@ class Simulation:
         byzantine: Sequence[int] = (),
         on_client_failure: str = "raise",
         init_params: Tree | None = None,
+        min_replies: int = 1,
     ) -> None:
         if on_client_failure not in FAILURE_POLICIES:
             raise unknown_name("on_client_failure policy", on_client_failure, FAILURE_POLICIES)
+        if int(min_replies) < 1:
+            raise FedriskError(f"min_replies = {min_replies} is out of range; allowed: an integer >= 1")
+        self.min_replies = int(min_replies)
         bad = [k for k in byzantine if not 0 <= k < federation.num_clients]
         if bad:
             raise FedriskError(f"byzantine client ids {bad} out of range [0, {federation.num_clients - 1}]")
@@ -140,6 +147,12 @@ class Simulation:
             alg, ctx, plan, self.client_states, self.data, self.seed, self.on_client_failure
         )
         replies = out.replies
+        if len(replies.clients) < self.min_replies:
+            raise ClientFailure(
+                f"round {r} ({alg.name}): {len(replies.clients)} of {len(plan.clients)} clients replied, fewer than "
+                f"min_replies = {self.min_replies} (failed: {out.failed}); the round was not applied and the run "
+                "stops here (its last checkpoint is intact)"
+            )
         if self.attack is not None:
             byz = [k for k in self.byzantine if k in replies.clients]
             if byz:

@@ -123,8 +123,8 @@ from fedrisk.aggregators.base import InMemoryReplies, Replies
 from fedrisk.algorithms.base import Algorithm, LocalData, RoundContext, RoundPlan
 from fedrisk.errors import FedriskError, check_range
 from fedrisk.rng import client_generator
-from fedrisk.runtime.executor import ClientFailure, Executor, RoundOutput, check_reply
-from fedrisk.tree import Tree, tree_map, tree_nbytes, tree_stack
+from fedrisk.runtime.executor import ClientFailure, Executor, RoundOutput, _provably_finite, check_reply
+from fedrisk.tree import Tree, tree_all_finite, tree_map, tree_nbytes, tree_stack
 
 __all__ = ["DATA_COPIES", "PARAM_COPIES", "StackedReplies", "VectorizedExecutor"]
 
@@ -764,7 +764,7 @@ def _check_chunk(chunk: _Chunk, ctx: RoundContext, on_failure: str, failed: dict
         assert chunk.replies is not None
         keep = []
         for i, (k, reply) in enumerate(zip(chunk.clients, chunk.replies)):
-            reason = check_reply(k, ctx.round, reply, on_failure)
+            reason = check_reply(k, ctx.round, (reply, chunk.states[i]), on_failure)
             if reason:
                 failed[k] = reason
             else:
@@ -781,13 +781,16 @@ def _check_chunk(chunk: _Chunk, ctx: RoundContext, on_failure: str, failed: dict
             if not bool(fin.all()):
                 fin = torch.isfinite(rows).all(1)
             ok = fin if ok is None else ok & fin
+    if not _provably_finite(chunk.states):  # a finite reply with a NaN/inf new state fails too
+        fin = torch.tensor([tree_all_finite(s) for s in chunk.states])
+        ok = fin if ok is None else ok & fin.to(ok.device)
     if ok is None or bool(ok.all()):
         return chunk
     bad = set((~ok).nonzero().flatten().tolist())
     replies = _unstack(chunk.stacked, c)
     for i in sorted(bad):
         k = chunk.clients[i]
-        failed[k] = check_reply(k, ctx.round, replies[i], on_failure) or "non-finite reply"
+        failed[k] = check_reply(k, ctx.round, (replies[i], chunk.states[i]), on_failure) or "non-finite reply"
     return _select(chunk, [i for i in range(c) if i not in bad])
 
 
