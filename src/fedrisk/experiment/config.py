@@ -508,6 +508,10 @@ def read_toml(path: str | Path) -> dict[str, Any]:
             return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise FedriskError(f"{p}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise FedriskError(f"{p}: not a text file (TOML is UTF-8; byte {exc.start} is not)") from None
+    except OSError as exc:
+        raise FedriskError(f"cannot read config file {str(p)!r}: {exc.strerror or exc}") from None
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
