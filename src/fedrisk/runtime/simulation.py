@@ -29,6 +29,7 @@ import torch
 from fedrisk.algorithms.base import Algorithm, FedInfo, LocalData, RoundContext
 from fedrisk.attacks.base import Attack
 from fedrisk.data.federation import Federation, Samples
+from fedrisk.data.validate import check_federation
 from fedrisk.errors import FedriskError, unknown_name
 from fedrisk.rng import generator, server_generator
 from fedrisk.runtime.executor import ClientFailure, Executor
@@ -118,6 +119,7 @@ class Simulation:
             raise FedriskError(f"byzantine client ids {bad} out of range [0, {federation.num_clients - 1}]")
         self.algorithm = algorithm
         self.federation = federation.to(dtype)
+        check_federation(self.federation)
         self.seed = int(seed)
         self.dtype = dtype
         self.attack = attack
