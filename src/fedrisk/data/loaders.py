@@ -38,7 +38,9 @@ import csv
 import gzip
 import importlib.util
 import inspect
+import math
 import pickle
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -413,14 +415,21 @@ def read_idx(path: str | Path) -> np.ndarray:
     """
     raw = bytearray(Path(path).read_bytes())  # bytearray: the arrays made from it are writable
     if raw[:2] == b"\x1f\x8b":
-        raw = bytearray(gzip.decompress(raw))
+        try:
+            raw = bytearray(gzip.decompress(raw))
+        except (OSError, EOFError, zlib.error) as exc:
+            raise FedriskError(f"{path} is a damaged gzip file ({exc})") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
         raise FedriskError(f"{path} is not an idx file (bad magic number)")
     ndim = raw[3]
-    dims = np.frombuffer(raw, dtype=">i4", count=ndim, offset=4).astype(np.int64)
-    dtype = np.dtype(_IDX_DTYPES[raw[2]])
-    count = int(np.prod(dims)) if ndim else 1
     offset = 4 + 4 * ndim
+    if len(raw) < offset:
+        raise FedriskError(f"{path} is truncated: its header names {ndim} dimensions but is cut short")
+    dims = np.frombuffer(raw, dtype=">i4", count=ndim, offset=4).astype(np.int64)
+    if (dims < 0).any():
+        raise FedriskError(f"{path} is corrupted: negative dimension in its header {dims.tolist()}")
+    dtype = np.dtype(_IDX_DTYPES[raw[2]])
+    count = math.prod(int(d) for d in dims)
     if len(raw) - offset < count * dtype.itemsize:
         raise FedriskError(f"{path} is truncated: header says {dims.tolist()} but data is short")
     return np.frombuffer(raw, dtype=dtype, count=count, offset=offset).reshape(dims.tolist())
@@ -459,8 +468,17 @@ def _idx_dataset(
     def part(images: str, labels: str) -> Samples:
         x = read_idx(files[images])
         y = read_idx(files[labels]).astype(np.int64)
+        if x.ndim != 3 or y.ndim != 1:
+            raise FedriskError(
+                f"{files[images]} / {files[labels]} hold arrays of shapes {list(x.shape)} / {list(y.shape)}; "
+                "allowed: images [N, height, width] and labels [N]"
+            )
         if len(x) != len(y):
             raise FedriskError(f"{files[images]} has {len(x)} images but {files[labels]} has {len(y)} labels")
+        if len(y) and (y.min() < 0 or y.max() >= len(class_names)):
+            raise FedriskError(
+                f"{files[labels]} holds label {int(y.max())}; allowed: 0 to {len(class_names) - 1} ({name})"
+            )
         return _samples(_images(x, (1, *x.shape[1:]), flatten, 255.0), y)
 
     meta = DatasetMeta(

@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import ast
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -302,8 +303,8 @@ def format_value(value: Any) -> str:
         return f'"{NONE}"'
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace('"', '\\"') + '"'
+    if isinstance(value, str):  # a TOML basic string: control characters escaped, so a message stays one line
+        return json.dumps(value, ensure_ascii=False)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(format_value(v) for v in value) + "]"
     if isinstance(value, dict):
