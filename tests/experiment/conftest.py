@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ TINY: dict[str, Any] = {
 def one_thread():
     """Tiny models run fastest on one thread (and two threads crawl on a loaded 2-core machine)."""
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(os.environ.get("FEDRISK_TEST_THREADS", "0")) or 1)
     yield
     torch.set_num_threads(before)
 

@@ -91,6 +91,7 @@ import os
 import socket
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
@@ -219,6 +220,30 @@ def _home_device(plan: RoundPlan) -> torch.device:
 
 
 # -- the executor --------------------------------------------------------------------------
+TIMEOUT_ENV = "FEDRISK_COLLECTIVE_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 60.0
+
+
+def collective_timeout() -> timedelta:
+    """How long any collective (and the rendezvous) waits for the other processes before it
+    fails: ``$FEDRISK_COLLECTIVE_TIMEOUT_S`` seconds, default 60 (torch's own defaults are 10
+    and 30 minutes).  A rank that dies therefore stops the others within this bound even when
+    nothing else notices (torchrun normally stops them at once).
+
+    Example:
+        >>> collective_timeout().total_seconds()
+        60.0
+    """
+    text = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        seconds = float(text) if text else DEFAULT_TIMEOUT_S
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise FedriskError(f"{TIMEOUT_ENV} = {text!r} is not a number of seconds > 0")
+    return timedelta(seconds=seconds)
+
+
 class DistributedExecutor(Executor):
     """Runs each rank's shard of the clients and reduces the replies with ``torch.distributed``.
 
@@ -300,7 +325,7 @@ class DistributedExecutor(Executor):
                     "distributed backend 'nccl' needs CUDA GPUs, and none is available; use backend 'gloo' on CPU"
                 )
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=collective_timeout())
         atexit.register(_destroy_group)
         self._comm_device = _comm_device(backend)
 

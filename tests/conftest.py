@@ -1,0 +1,20 @@
+"""Suite-wide settings.  ``FEDRISK_TEST_THREADS=N`` runs the whole suite with N torch threads
+(the experiment tests default to one); together with CI's default thread count this catches
+tests that compare floats beyond what the computation guarantees (results of reductions may
+differ in the last bits between thread counts and CPUs)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+THREADS = int(os.environ.get("FEDRISK_TEST_THREADS", "0"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def torch_threads():
+    if THREADS > 0:
+        torch.set_num_threads(THREADS)
+    yield
