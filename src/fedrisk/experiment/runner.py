@@ -75,6 +75,9 @@ from fedrisk.runtime.executor import Executor
 from fedrisk.runtime.simulation import RoundReport, Simulation, make_executor
 
 CHECKPOINT_FORMAT = 1
+RESUMABLE_ACROSS = ("run.executor",)
+"""Config keys that may differ between a checkpoint and its resumed run (numbers then agree to
+rounding, not bit for bit)."""
 SIGNAL_NAMES = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 
 
@@ -530,7 +533,8 @@ def _prepare_dir(rd: RunDir, cfg: ExperimentConfig, *, resume: bool, overwrite: 
             rd.clear()
         return None
     ckpt = load_checkpoint(rd.checkpoint)
-    diffs = diff_configs(ckpt["config"], cfg.semantic())
+    # a checkpoint holds every client's state whatever wrote it: it resumes under any executor
+    diffs = [d for d in diff_configs(ckpt["config"], cfg.semantic()) if d[0] not in RESUMABLE_ACROSS]
     if diffs:
         lines = ", ".join(f"{k} (checkpoint: {_show(a)}, now: {_show(b)})" for k, a, b in diffs)
         raise FedriskError(

@@ -20,8 +20,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -89,6 +90,8 @@ class Simulation:
         byzantine: ids of the Byzantine clients.
         on_client_failure: ``"raise"`` (default) stops the run naming the client when it raises
             or replies with NaN/inf; ``"skip"`` drops that client's reply for the round.
+        client_store: a folder for the client states (one file per client, see
+            :mod:`fedrisk.runtime.client_store`); default: in memory.
         min_replies: the fewest valid replies a round needs; a round with fewer stops the run
             with a :class:`~fedrisk.runtime.executor.ClientFailure` before anything is updated
             (the round is not counted as completed).
@@ -108,6 +111,7 @@ class Simulation:
         on_client_failure: str = "raise",
         init_params: Tree | None = None,
         min_replies: int = 1,
+        client_store: str | Path | None = None,
     ) -> None:
         if on_client_failure not in FAILURE_POLICIES:
             raise unknown_name("on_client_failure policy", on_client_failure, FAILURE_POLICIES)
@@ -134,9 +138,14 @@ class Simulation:
         params = init_params if init_params is not None else algorithm.init_params(generator(seed, "init"))
         params = tree_to(params, dtype)
         self.server_state: Tree = algorithm.init_server(ctx, params, server_generator(seed, -1, "init"))
-        self.client_states: dict[int, Tree] = {
-            k: algorithm.init_client(ctx, k, params) for k in range(self.info.num_clients)
-        }
+        self.client_states: MutableMapping[int, Tree]
+        if client_store is None:
+            self.client_states = {k: algorithm.init_client(ctx, k, params) for k in range(self.info.num_clients)}
+        else:  # one file per client, written when the client first takes part
+            from fedrisk.runtime.client_store import DiskClientStates
+
+            initial = lambda k: algorithm.init_client(ctx, k, params)  # noqa: E731
+            self.client_states = DiskClientStates(client_store, self.info.num_clients, initial)
         self.round = 0
         self.ledger = CommLedger()
 
@@ -202,7 +211,11 @@ class Simulation:
             raise FedriskError(f"checkpoint was made with seed {state['seed']}, this run uses seed {self.seed}")
         self.round = int(state["round"])
         self.server_state = state["server_state"]
-        self.client_states = {int(k): v for k, v in state["client_states"].items()}
+        states = {int(k): v for k, v in state["client_states"].items()}
+        if isinstance(self.client_states, dict):
+            self.client_states = states
+        else:  # a disk store keeps its folder
+            self.client_states.update(states)
         self.ledger.load_state_dict(state["ledger"])
 
 

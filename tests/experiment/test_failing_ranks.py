@@ -1,0 +1,131 @@
+"""Failing ranks under torchrun (gloo, CPU): a rank killed with SIGKILL stops every process
+within 30 s; the run then resumes from its last checkpoint under torchrun with 2 processes,
+with 3 processes, and under the sequential executor, and each resumed run ends with the numbers
+of an uninterrupted sequential run (float64, to rounding: the all-reduce sums in another order).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedrisk.cli import main
+from fedrisk.experiment import RunDir, resolve_config, run_experiment
+from fedrisk.runtime.distributed import free_port
+
+from .conftest import records, without_time, write_config
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the ranks through /proc (Linux)")
+
+
+def _torchrun(world: int, config: Path, out: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1", "FEDRISK_COLLECTIVE_TIMEOUT_S": "20"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world),
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+           "-m", "fedrisk", "run", str(config), "--out", str(out), "--quiet",
+           "--set", "run.executor=distributed", *extra]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)  # fmt: skip
+
+
+def _rank_pid(group: int, rank: int) -> int | None:
+    """The pid of worker ``rank`` in process group ``group`` (from /proc/*/environ)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != group:
+                continue
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ProcessLookupError):
+            continue
+        if f"RANK={rank}".encode() in env:
+            cmdline = (entry / "cmdline").read_bytes()
+            if b"fedrisk" in cmdline and b"torch.distributed.run" not in cmdline:
+                return int(entry.name)
+    return None
+
+
+def _finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, err
+
+
+def _start(tmp_path: Path, tiny: dict) -> tuple[dict, Path, Path, subprocess.Popen]:
+    """A 2-process SCAFFOLD run (float64, 30 rounds, checkpoints every 2), once it has written a
+    checkpoint."""
+    tiny["model"] = {"name": "mlp", "hidden": [32]}
+    tiny["algorithm"].update({"name": "scaffold", "local_steps": 20})
+    tiny["run"].update({"dtype": "float64", "rounds": 30, "checkpoint_every": 2, "eval_every": 2})
+    config = write_config(tmp_path / "ranks.toml", tiny)
+    out = tmp_path / "stopped"
+    proc = _torchrun(2, config, out)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (out / "metrics.jsonl").is_file() and len(records(out)) >= 2 and RunDir(out).status() == "checkpointed":
+            break
+        time.sleep(0.05)
+    return tiny, config, out, proc
+
+
+def _check_resumed(tiny: dict, tmp_path: Path, run_dir: Path) -> None:
+    """``run_dir`` ends with the numbers of an uninterrupted sequential run."""
+    reference = without_time(
+        run_experiment(resolve_config(tiny), tmp_path / f"ref-{run_dir.name}", progress="none").history.records
+    )
+    got = without_time(records(run_dir))
+    assert [r["round"] for r in got] == [r["round"] for r in reference]
+    for a, b in zip(got, reference):
+        assert a["test_accuracy"] == b["test_accuracy"] and a["bytes_up"] == b["bytes_up"]
+        assert a["test_log_loss"] == pytest.approx(b["test_log_loss"], rel=1e-9)
+
+
+def test_sigterm_to_one_rank_stops_all_after_one_round_then_resume(tmp_path, tiny):
+    tiny, config, out, proc = _start(tmp_path, tiny)
+    victim = _rank_pid(proc.pid, 1)
+    assert victim is not None and proc.poll() is None, "the run ended before a rank could be signalled"
+    os.kill(victim, signal.SIGTERM)
+    code, err = _finish(proc, timeout=120)
+    assert code != 0, err[-2000:]
+    assert "SIGTERM received: stopped after round" in err and "Traceback" not in err, err[-3000:]
+    assert RunDir(out).status() == "checkpointed"
+    stopped = len(records(out))
+    assert stopped < 15  # stopped part-way, after a completed (and checkpointed) round
+    code, err = _finish(_torchrun(2, config, out, "--resume"), timeout=300)
+    assert code == 0, err[-3000:]
+    _check_resumed(tiny, tmp_path, out)
+
+
+def test_killed_rank_stops_every_process_then_resume_anywhere(tmp_path, tiny):
+    tiny, config, out, proc = _start(tmp_path, tiny)
+    victim = _rank_pid(proc.pid, 1)
+    assert victim is not None and proc.poll() is None, "the run ended before a rank could be killed"
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    code, err = _finish(proc, timeout=60)
+    stopped_after = time.monotonic() - killed_at
+    assert code != 0 and stopped_after < 30, (code, stopped_after, err[-2000:])
+    assert RunDir(out).status() == "checkpointed"
+    # the checkpoint of 2 processes resumes on 3 processes and on the sequential executor
+    three = tmp_path / "three"
+    shutil.copytree(out, three)
+    code, err = _finish(_torchrun(3, config, three, "--resume"), timeout=300)
+    assert code == 0, err[-3000:]
+    _check_resumed(tiny, tmp_path, three)
+    seq = tmp_path / "sequential"
+    shutil.copytree(out, seq)
+    assert main(["run", str(config), "--out", str(seq), "--resume", "--quiet", "--set", "run.executor=sequential"]) == 0
+    _check_resumed(tiny, tmp_path, seq)
