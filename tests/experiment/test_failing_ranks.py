@@ -1,7 +1,12 @@
-"""Failing ranks under torchrun (gloo, CPU): a rank killed with SIGKILL stops every process
-within 30 s; the run then resumes from its last checkpoint under torchrun with 2 processes,
-with 3 processes, and under the sequential executor, and each resumed run ends with the numbers
-of an uninterrupted sequential run (float64, to rounding: the all-reduce sums in another order).
+"""Failing ranks under torchrun (gloo, CPU).
+
+* SIGTERM to one rank stops every rank after the same round with a checkpoint, and ``--resume``
+  under torchrun continues exactly (default suite).
+* SIGKILL of one rank stops every process within 30 s; the checkpoint of 2 processes then
+  resumes on 3 processes and under the sequential executor (slow).
+
+Each resumed run ends with the numbers of an uninterrupted sequential run (float64, to rounding:
+the all-reduce sums in another order).
 """
 
 from __future__ import annotations
@@ -36,21 +41,34 @@ def _torchrun(world: int, config: Path, out: Path, *extra: str) -> subprocess.Po
                             start_new_session=True)  # fmt: skip
 
 
-def _rank_pid(group: int, rank: int) -> int | None:
-    """The pid of worker ``rank`` in process group ``group`` (from /proc/*/environ)."""
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` (from the parent ids in /proc/*/stat)."""
+    parent: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.getpgid(int(entry.name)) != group:
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
                 continue
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except (OSError, ProcessLookupError):
+            parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [root]
+    while frontier:
+        children = [pid for pid, ppid in parent.items() if ppid in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def _rank_pid(root: int, rank: int) -> int | None:
+    """The pid of worker ``rank`` below the torchrun process ``root``."""
+    for pid in _descendants(root):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
             continue
-        if f"RANK={rank}".encode() in env:
-            cmdline = (entry / "cmdline").read_bytes()
-            if b"fedrisk" in cmdline and b"torch.distributed.run" not in cmdline:
-                return int(entry.name)
+        if f"RANK={rank}".encode() in env and b"fedrisk" in cmdline and b"torch.distributed.run" not in cmdline:
+            return pid
     return None
 
 
@@ -100,7 +118,9 @@ def test_sigterm_to_one_rank_stops_all_after_one_round_then_resume(tmp_path, tin
     os.kill(victim, signal.SIGTERM)
     code, err = _finish(proc, timeout=120)
     assert code != 0, err[-2000:]
-    assert "SIGTERM received: stopped after round" in err and "Traceback" not in err, err[-3000:]
+    assert "SIGTERM received: stopped after round" in err, err[-3000:]
+    assert "src/fedrisk" not in err, err[-3000:]  # no traceback through fedrisk (torchrun prints its own)
+    assert err.count("exitcode  : 143") == 2  # both ranks stopped on the signal, after the same round
     assert RunDir(out).status() == "checkpointed"
     stopped = len(records(out))
     assert stopped < 15  # stopped part-way, after a completed (and checkpointed) round
@@ -109,6 +129,7 @@ def test_sigterm_to_one_rank_stops_all_after_one_round_then_resume(tmp_path, tin
     _check_resumed(tiny, tmp_path, out)
 
 
+@pytest.mark.slow
 def test_killed_rank_stops_every_process_then_resume_anywhere(tmp_path, tiny):
     tiny, config, out, proc = _start(tmp_path, tiny)
     victim = _rank_pid(proc.pid, 1)
