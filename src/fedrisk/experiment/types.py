@@ -297,6 +297,12 @@ def _coerce(value: Any, spec: TypeSpec) -> Any:
     raise _Mismatch
 
 
+def _toml_key(key: Any) -> str:
+    """A bare TOML key when it can be one, else a quoted (escaped) one."""
+    text = str(key)
+    return text if text and all(c.isascii() and (c.isalnum() or c in "_-") for c in text) else json.dumps(text)
+
+
 def format_value(value: Any) -> str:
     """A value as a config would write it (for messages)."""
     if value is None:
@@ -308,7 +314,7 @@ def format_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(format_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {format_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{_toml_key(k)} = {format_value(v)}" for k, v in value.items()) + "}"
     return repr(value)
 
 
