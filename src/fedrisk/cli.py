@@ -177,7 +177,7 @@ def _entries(kind: str, catalog: dict[str, list[tuple[str, str]]] | None = None)
     if catalog is not None:  # read from the source: no torch import (fedrisk.catalog)
         entries = catalog[kind]
         if kind == "objectives":
-            return [("auto", _AUTO_OBJECTIVE)] + entries
+            return [("auto", _AUTO_OBJECTIVE), *entries]
         return entries
     if kind == "objectives":
         from fedrisk.objectives.supervised import LOSSES
