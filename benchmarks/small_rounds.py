@@ -38,6 +38,7 @@ import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -105,53 +106,109 @@ def auroc(scores: Tensor, labels: Tensor) -> float:
     return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
 
 
-def run_hand(raw: dict[str, Any], seed: int = 0) -> dict[str, float]:
-    """The hand-written loop end to end (data loading included), its rounds phase (after the
-    data and the model are built: every step and the final evaluation), AUROC."""
-    from fedrisk.data import build_federation
-    from fedrisk.models import build_model
+class HandLoop:
+    """The hand-written loop's state and one step (see the module docstring)."""
 
-    start = time.perf_counter()
-    data, alg, rounds = raw["data"], raw["algorithm"], raw["run"]["rounds"]
-    fed = build_federation(
-        data["dataset"], data["partition"], data["num_clients"], seed=seed, binarize=data["binarize"]
-    )
-    x, y = fed.clients[0].x, fed.clients[0].y
-    torch.manual_seed(seed)
-    opts = {k: v for k, v in raw["model"].items() if k != "name"}
-    net: nn.Module = build_model(raw["model"]["name"], tuple(x.shape[1:]), 1, **opts)
-    wall, cpu = time.perf_counter(), time.process_time()
-    p = float((y == 1).double().mean())  # the positive ratio of the (only) client's data
-    a, b, alpha = (torch.zeros((), requires_grad=True) for _ in range(3))
-    params = [*net.parameters(), a, b]
-    ref = [q.detach().clone() for q in params]
-    lr, lam, bs, n = alg["lr"], alg["prox_coef"], alg["batch_size"], len(y)
-    perm, pos = torch.randperm(n), 0
-    for t in range(rounds):
+    def __init__(self, raw: dict[str, Any], fed: Any, seed: int = 0) -> None:
+        from fedrisk.models import build_model
+
+        self.alg = raw["algorithm"]
+        self.x, self.y = fed.clients[0].x, fed.clients[0].y
+        torch.manual_seed(seed)
+        opts = {k: v for k, v in raw["model"].items() if k != "name"}
+        self.net: nn.Module = build_model(raw["model"]["name"], tuple(self.x.shape[1:]), 1, **opts)
+        self.p = float((self.y == 1).double().mean())  # the positive ratio of the (only) client's data
+        self.a, self.b, self.alpha = (torch.zeros((), requires_grad=True) for _ in range(3))
+        self.params = [*self.net.parameters(), self.a, self.b]
+        self.ref = [q.detach().clone() for q in self.params]
+        self.lr, self.n = self.alg["lr"], len(self.y)
+        self.perm, self.pos = torch.randperm(self.n), 0
+
+    def step(self, t: int) -> None:
+        alg, bs, p, lam = self.alg, self.alg["batch_size"], self.p, self.alg["prox_coef"]
         if t > 0 and t % alg["stage_iters"] == 0:  # a new stage: smaller steps, new prox reference
-            lr /= alg["lr_decay"]
-            ref = [q.detach().clone() for q in params]
-        if pos + bs > n:
-            perm, pos = torch.randperm(n), 0
-        idx = perm[pos : pos + bs]
-        pos += bs
-        h = net(x[idx])[:, 0]
-        yp = (y[idx] == 1).to(h.dtype)
+            self.lr /= alg["lr_decay"]
+            self.ref = [q.detach().clone() for q in self.params]
+        if self.pos + bs > self.n:
+            self.perm, self.pos = torch.randperm(self.n), 0
+        idx = self.perm[self.pos : self.pos + bs]
+        self.pos += bs
+        a, b, alpha = self.a, self.b, self.alpha
+        h = self.net(self.x[idx])[:, 0]
+        yp = (self.y[idx] == 1).to(h.dtype)
         loss = (
             (1 - p) * (h - a) ** 2 * yp
             + p * (h - b) ** 2 * (1 - yp)
             + 2 * (1 + alpha) * (p * h * (1 - yp) - (1 - p) * h * yp)
             - p * (1 - p) * alpha**2
         ).mean()
-        grads = torch.autograd.grad(loss, [*params, alpha])
+        grads = torch.autograd.grad(loss, [*self.params, alpha])
         with torch.no_grad():
-            for q, g, r in zip(params, grads, ref):
-                q.sub_(lr * (g + lam * (q - r)))
-            alpha.add_(lr * grads[-1])
-    with torch.no_grad():
-        score = auroc(net(fed.test.x)[:, 0], fed.test.y)
+            for q, g, r in zip(self.params, grads, self.ref):
+                q.sub_(self.lr * (g + lam * (q - r)))
+            alpha.add_(self.lr * grads[-1])
+
+    def evaluate(self, fed: Any) -> float:
+        with torch.no_grad():
+            return auroc(self.net(fed.test.x)[:, 0], fed.test.y)
+
+
+def load(raw: dict[str, Any], seed: int = 0) -> Any:
+    from fedrisk.data import build_federation
+
+    data = raw["data"]
+    return build_federation(
+        data["dataset"], data["partition"], data["num_clients"], seed=seed, binarize=data["binarize"]
+    )
+
+
+def run_hand(raw: dict[str, Any], seed: int = 0) -> dict[str, float]:
+    """The hand-written loop end to end (data loading included), its rounds phase (after the
+    data and the model are built: every step and the final evaluation), AUROC."""
+    start = time.perf_counter()
+    fed = load(raw, seed)
+    loop = HandLoop(raw, fed, seed)
+    wall, cpu = time.perf_counter(), time.process_time()
+    for t in range(raw["run"]["rounds"]):
+        loop.step(t)
+    score = loop.evaluate(fed)
     end = time.perf_counter()
     return {"total_s": end - start, "rounds_s": end - wall, "rounds_cpu_s": time.process_time() - cpu, "auroc": score}
+
+
+def interleaved(raw: dict[str, Any], rounds: int) -> dict[str, float]:
+    """fedrisk's rounds (``Simulation.step`` plus the runner's per-round callbacks: training
+    metrics, the wall-clock checkpoint test) and the hand-written steps alternating one by one
+    (the order swapped every round); CPU seconds of each step.  Robust to a drifting load."""
+    from fedrisk.experiment import resolve_config
+    from fedrisk.experiment.runner import Checkpointer, TrainMetrics, build_simulation
+
+    cfg = resolve_config(raw)
+    sim = build_simulation(cfg).simulation
+    fed = sim.federation
+    loop = HandLoop(raw, fed)
+    train = TrainMetrics()
+    ckpt = Checkpointer(Path(os.devnull), {}, rounds, rounds, 0, None, None, lambda: 0.0, seconds=1e9)  # type: ignore[arg-type]
+    mine, theirs = [], []
+    for t in range(rounds):
+        for impl in ("f", "h") if t % 2 == 0 else ("h", "f"):
+            c = time.process_time()
+            if impl == "f":
+                report = sim.step()
+                train.on_round_end(sim, report)
+                ckpt.on_round_end(sim, report)
+                mine.append(time.process_time() - c)
+            else:
+                loop.step(t)
+                theirs.append(time.process_time() - c)
+    skip = min(20, rounds // 10)  # warm-up rounds
+    ratios = [m / h for m, h in zip(mine[skip:], theirs[skip:]) if h > 0]
+    return {
+        "fedrisk_cpu_ms_per_round": 1e3 * statistics.median(mine[skip:]),
+        "hand_cpu_ms_per_round": 1e3 * statistics.median(theirs[skip:]),
+        "median_ratio": statistics.median(ratios),
+        "ratio_of_sums": sum(mine[skip:]) / sum(theirs[skip:]),
+    }
 
 
 def main() -> None:
@@ -160,9 +217,23 @@ def main() -> None:
     parser.add_argument("--stage-iters", type=int, default=500)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--json", help="write the measurements here")
+    parser.add_argument(
+        "--interleaved", action="store_true", help="only the round-by-round interleaved CPU comparison (no end to end)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     raw = config(args.rounds, args.stage_iters)
+    if args.interleaved:
+        got = interleaved(raw, args.rounds)
+        print(
+            f"interleaved, {args.rounds} rounds: fedrisk {got['fedrisk_cpu_ms_per_round']:.2f} ms CPU per round, "
+            f"hand {got['hand_cpu_ms_per_round']:.2f} ms; median ratio {got['median_ratio']:.3f}, "
+            f"ratio of sums {got['ratio_of_sums']:.3f} (target <= 1.15); load average {os.getloadavg()[0]:.1f}"
+        )
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"rounds": args.rounds, **got, "load_average": os.getloadavg()[0]}, fh, indent=1)
+        return
     run_fedrisk(config(20, 10))  # warm-up: imports, the data set's file cache
     run_hand(config(20, 10))
     rows = []
