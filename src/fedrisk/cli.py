@@ -56,10 +56,11 @@ def _progress(args: argparse.Namespace) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fedrisk.experiment.config import load_config
+
+    cfg = load_config(args.config, args.set)  # config errors first: the runner imports torch
     from fedrisk.experiment.outputs import RunDir
     from fedrisk.experiment.runner import check_out_dir, default_out_dir, run_experiment
 
-    cfg = load_config(args.config, args.set)
     out = Path(args.out) if args.out else default_out_dir(cfg)
     seeds = cfg["run.seeds"]
     if len(seeds) > 1:
@@ -104,9 +105,10 @@ def run_table(summary: dict[str, Any], path: Path) -> str:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from fedrisk.experiment.config import load_config, resolve_seeds
+
+    cfg = load_config(args.config, args.set)  # config errors first: the sweep module imports torch
     from fedrisk.experiment.sweep import parse_grid
 
-    cfg = load_config(args.config, args.set)
     grid = dict(cfg["sweep.grid"])
     grid.update(parse_grid(args.grid))
     seeds_spec = cfg["sweep.seeds"] if args.seeds is None else _parse_seeds(args.seeds)
@@ -171,16 +173,23 @@ def cmd_report(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- list
 
 
-def _entries(kind: str) -> list[tuple[str, str]]:
+def _entries(kind: str, catalog: dict[str, list[tuple[str, str]]] | None = None) -> list[tuple[str, str]]:
+    if catalog is not None:  # read from the source: no torch import (fedrisk.catalog)
+        entries = catalog[kind]
+        if kind == "objectives":
+            return [("auto", _AUTO_OBJECTIVE), *entries]
+        return entries
     if kind == "objectives":
         from fedrisk.objectives.supervised import LOSSES
 
-        return [("auto", "cross_entropy, or binary_cross_entropy for one output, or mse for regression")] + [
+        return [("auto", _AUTO_OBJECTIVE)] + [
             (name, desc) for name, (_, desc) in sorted(LOSSES.items())
         ]
     reg = _registry(kind)
     return [] if reg is None else [(e.name, e.description) for e in reg.entries()]
 
+
+_AUTO_OBJECTIVE = "cross_entropy, or binary_cross_entropy for one output, or mse for regression"
 
 _REGISTRIES = {
     "algorithms": ("fedrisk.algorithms", "ALGORITHMS"),
@@ -273,9 +282,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         kinds = (kind,)
     elif args.name is not None:
         raise FedriskError("give a kind before a name, e.g. `fedrisk list algorithms fedavg`")
+    from fedrisk.catalog import catalog
+
+    found = catalog()
     blocks = []
     for kind in kinds:
-        entries = _entries(kind)
+        entries = _entries(kind, found)
         if not entries and args.kind is None:
             continue
         width = max((len(n) for n, _ in entries), default=0)
@@ -368,9 +380,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 failed runs in a sweep, 2 user
     error, 130 / 143 interrupted)."""
-    from fedrisk.experiment.runner import RunInterrupted
-    from fedrisk.experiment.sweep import SweepInterrupted
-
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -381,14 +390,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FedriskError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (RunInterrupted, SweepInterrupted) as exc:
-        print(str(exc), file=sys.stderr)
-        return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted (no new checkpoint written; the last periodic one can be resumed)", file=sys.stderr)
         return 130
     except BrokenPipeError:  # e.g. `fedrisk list | head`
         return 0
+    except Exception as exc:
+        if not _interrupted(exc):
+            raise
+        print(str(exc), file=sys.stderr)
+        return int(exc.exit_code)  # type: ignore[attr-defined]
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is a run or sweep stopped by a signal (``RunInterrupted`` /
+    ``SweepInterrupted``), without importing the runner (which imports torch) for commands
+    that never load it: ``--help``, ``list`` and config errors answer in a fraction of a second."""
+    runner = sys.modules.get("fedrisk.experiment.runner")
+    sweep = sys.modules.get("fedrisk.experiment.sweep")
+    kinds = tuple(c for c in (getattr(runner, "RunInterrupted", None), getattr(sweep, "SweepInterrupted", None)) if c)
+    return bool(kinds) and isinstance(exc, kinds)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -98,15 +98,17 @@ def _spread_counters(n: int) -> np.ndarray:
 PERMUTATION_ELEMENTS = 1 << 22
 """Bound on the ``clients x epochs x rows`` array one chunk of :meth:`ClientRNG.permutations` sorts."""
 
+_DISTINCT = 1 << 62
+"""Counter offset of the partial epoch's stream of uniform draws (the sorted epochs use the
+counters ``(e << 32) | j`` with ``e, j < 2**32``: the two never meet)."""
 
-def _epochs(total: int, n: int) -> int:
-    return max(1, -(-total // n))
 
-
-def _permutation_rows(sub: np.ndarray, sizes: np.ndarray, total: int) -> np.ndarray:
-    """Epochs of permutations for clients with call keys ``sub`` and sizes ``sizes``, cut to
-    ``total``: item ``j`` of epoch ``e`` is ranked by ``mix64(sub + GOLDEN * (((e << 32) | j) + 1))``."""
-    n_max, epochs = int(sizes.max()), _epochs(total, int(sizes.min()))
+def _permutation_rows(sub: np.ndarray, sizes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Epochs of sorted permutations for clients with call keys ``sub`` and sizes ``sizes``, row
+    ``i`` valid in its first ``lengths[i]`` entries (shape ``(C, max(lengths))``): item ``j`` of
+    epoch ``e`` is ranked by ``mix64(sub + GOLDEN * (((e << 32) | j) + 1))``."""
+    n_max, width = int(sizes.max()), int(lengths.max())
+    epochs = max(1, int((-(-lengths // sizes)).max()))
     e = np.arange(epochs, dtype=np.uint64)[:, None]
     j = np.arange(n_max, dtype=np.uint64)[None, :]
     words = mix64(sub[:, None, None] + np.uint64(_GOLDEN) * (((e << np.uint64(32)) | j) + np.uint64(1)))
@@ -114,7 +116,55 @@ def _permutation_rows(sub: np.ndarray, sizes: np.ndarray, total: int) -> np.ndar
     sort_key = u + np.arange(epochs, dtype=np.float64)[:, None]  # epoch first, then the random rank
     valid = np.arange(n_max)[None, None, :] < sizes.reshape(-1, 1, 1)
     sort_key = np.where(valid, sort_key, np.inf).reshape(len(sizes), epochs * n_max)
-    return np.argsort(sort_key, axis=-1, kind="stable")[:, :total] % n_max
+    return np.argsort(sort_key, axis=-1, kind="stable")[:, :width] % n_max
+
+
+@functools.lru_cache(maxsize=32)
+def _distinct_counters(k: int) -> np.ndarray:
+    """``GOLDEN * (DISTINCT + arange(k) + 1)`` (wrapping), read-only: the partial epoch's counters."""
+    out = np.uint64(_GOLDEN) * (np.arange(k, dtype=np.uint64) + np.uint64(_DISTINCT + 1))
+    out.flags.writeable = False
+    return out
+
+
+def _distinct_draws(sub: np.ndarray, sizes: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The first ``counts[i]`` *distinct* values of client ``i``'s stream of uniform draws below
+    ``sizes[i]`` (word ``k``: ``mix64(sub + GOLDEN * (DISTINCT + k + 1))``, Lemire's multiply-shift
+    as in :meth:`ClientRNG.integers`), in stream order; shape ``(C, max(counts))``, row ``i``
+    valid in its first ``counts[i]`` entries.
+
+    Dropping repeats from i.i.d. uniform draws samples without replacement, in order: the result
+    is distributed as the first ``counts[i]`` items of a uniform random permutation.  Used for
+    ``2 * counts < sizes``, where the expected number of draws is below ``2 * counts``: the cost
+    is O(counts), whatever the size.  The result is defined by the stream, so it does not depend
+    on how many words a call computes (``k`` doubles until every row has enough).
+    """
+    need = int(counts.max())
+    k = 2 * need + 8
+    while True:
+        words = mix64(sub[:, None] + _distinct_counters(k))
+        cand = (((words >> np.uint64(32)) * sizes.astype(np.uint64)[:, None]) >> np.uint64(32)).astype(np.int64)
+        if len(sizes) == 1:  # one client (the sequential executor): dict keeps first occurrences in order
+            distinct = list(dict.fromkeys(cand[0].tolist()))
+            if len(distinct) >= need:
+                return np.array([distinct[:need]], dtype=np.int64)
+            k *= 2
+            continue
+        order = np.argsort(cand, axis=1, kind="stable")  # equal values: the earliest draw first
+        ranked = np.take_along_axis(cand, order, 1)
+        first_sorted = np.ones(cand.shape, dtype=bool)
+        first_sorted[:, 1:] = ranked[:, 1:] != ranked[:, :-1]
+        first = np.empty_like(first_sorted)
+        np.put_along_axis(first, order, first_sorted, 1)
+        rank = np.cumsum(first, axis=1)  # 1 + the number of distinct values seen before
+        if bool((rank[:, -1] >= counts).all()):
+            break
+        k *= 2
+    take = first & (rank <= counts[:, None])
+    rows, cols = np.nonzero(take)
+    out = np.zeros((len(sizes), need), dtype=np.int64)
+    out[rows, rank[rows, cols] - 1] = cand[rows, cols]
+    return out
 
 
 @functools.lru_cache(maxsize=64)
@@ -243,33 +293,55 @@ class ClientRNG:
     def permutations(self, n: int | Tensor | Sequence[int], total: int) -> Tensor:
         """``total`` indices: consecutive random permutations of ``range(n)`` (epochs), cut.
 
-        ``n`` is an int or one size per client.  Item ``j`` of epoch ``e`` is ranked by the
-        word of counter ``(e << 32) | j``, so a client's result does not depend on the other
-        clients of its block.  Shape ``batch + (total,)``, int64.
+        ``n`` is an int or one size per client; shape ``batch + (total,)``, int64.  With
+        ``total = q * n + m`` (``0 <= m < n``) the ``q`` full epochs are uniform random
+        permutations (item ``j`` of epoch ``e`` ranked by the word of counter ``(e << 32) | j``)
+        and the last ``m`` indices are ``m`` distinct rows in uniform random order: for
+        ``2 * m >= n`` the first ``m`` of epoch ``q``'s permutation, for ``2 * m < n`` the first
+        ``m`` distinct values of a stream of uniform draws (:func:`_distinct_draws`).  Both paths
+        cost O(``total``), never O(``n``) beyond it: a batch of 32 from 33,333 rows computes
+        about 80 words, not a permutation of 33,333.  A client's result does not depend on
+        the other clients of its block.
         """
+        if self._scalar and type(n) is int and 0 < 2 * total < n < 2**32:  # one client, a batch of a large one
+            sub = self._next_subkeys()[0]
+            return self._out(_distinct_draws(sub, np.array([n], dtype=np.int64), np.array([total])), (total,))
         h = self._per_client(n, "n")
         if (h < 1).any() or (h >= 2**32).any():
             raise ValueError(f"ClientRNG.permutations: n must be in [1, 2**32); got {h.tolist()}")
         if total < 0:
             raise ValueError(f"ClientRNG.permutations: total must be >= 0; got {total}")
         sub = self._next_subkeys()[:, 0]
-        out = np.empty((len(h), total), dtype=np.int64)
+        rest = total % h
+        drawn = np.where(2 * rest < h, rest, 0)  # the partial epoch's indices drawn without sorting
+        sorted_len = total - drawn
+        out = np.zeros((len(h), total), dtype=np.int64)
         # clients in order of size, in chunks whose [clients, epochs, n_max] sort stays below
         # PERMUTATION_ELEMENTS (a block mixing tiny and large clients would otherwise need
         # len(block) x epochs of the smallest x rows of the largest); results do not depend on it
-        by_size = np.argsort(h, kind="stable")
+        by_size = np.argsort(h, kind="stable") if len(h) > 1 else np.zeros(1, dtype=np.int64)
+        by_size = by_size[sorted_len[by_size] > 0]
         start = 0
         while start < len(by_size):
             end = start + 1
-            n_min = int(h[by_size[start]])
-            while (
-                end < len(by_size)
-                and (end + 1 - start) * _epochs(total, n_min) * int(h[by_size[end]]) <= PERMUTATION_ELEMENTS
-            ):
+            epochs = -(-int(sorted_len[by_size[start]]) // int(h[by_size[start]]))
+            while end < len(by_size):
+                epochs = max(epochs, -(-int(sorted_len[by_size[end]]) // int(h[by_size[end]])))
+                if (end + 1 - start) * epochs * int(h[by_size[end]]) > PERMUTATION_ELEMENTS:
+                    break
                 end += 1
             rows = by_size[start:end]
-            out[rows] = _permutation_rows(sub[rows], h[rows], total)
+            part = _permutation_rows(sub[rows], h[rows], sorted_len[rows])
+            out[rows, : part.shape[1]] = part
             start = end
+        if drawn.any():
+            if (drawn == total).all():  # no full epoch (the usual case for batches of large clients)
+                return self._out(_distinct_draws(sub, h, drawn), (total,))
+            rows = np.nonzero(drawn)[0]
+            tail = _distinct_draws(sub[rows], h[rows], drawn[rows])
+            pos = np.arange(total)[None, :] - sorted_len[rows, None]  # position within the tail
+            picked = np.take_along_axis(tail, np.clip(pos, 0, tail.shape[1] - 1), 1)
+            out[rows] = np.where(pos >= 0, picked, out[rows])
         return self._out(out, (total,))
 
     def torch_generator(self) -> torch.Generator:

@@ -104,6 +104,32 @@ def test_resume_after_a_crash_uses_the_last_periodic_checkpoint(tiny, tmp_path, 
     assert without_time(records(tmp_path / "part")) == without_time(records(tmp_path / "full"))
 
 
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (["run.checkpoint_seconds=0"], [6]),  # only at the end
+        (["run.checkpoint_seconds=1e-9"], [1, 2, 3, 4, 5, 6]),  # every round takes longer than 1 ns
+        (["run.checkpoint_seconds=3600", "run.checkpoint_every=2"], [2, 4, 6]),  # the round interval
+        ([], [6]),  # the default: at most every 30 s (a tiny run takes less) and at the end
+    ],
+)
+def test_checkpoints_by_wall_clock_and_round_intervals(tiny, tmp_path, monkeypatch, options, expected):
+    from fedrisk.experiment import runner
+
+    written: list[int] = []
+    save = runner.save_checkpoint
+
+    def recording_save(path, sim, *args):
+        written.append(sim.round)
+        save(path, sim, *args)
+
+    monkeypatch.setattr(runner, "save_checkpoint", recording_save)
+    tiny["run"].pop("checkpoint_every")
+    cfg = resolve_config(tiny, ["run.rounds=6", *options])
+    run_experiment(cfg, tmp_path / "r", progress="none")
+    assert written == expected
+
+
 def test_resume_refuses_a_different_config_naming_the_keys(tiny, tmp_path, monkeypatch):
     cfg = resolve_config(tiny)
     with monkeypatch.context() as m:

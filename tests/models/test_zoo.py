@@ -282,12 +282,28 @@ def test_build_model_errors(args: tuple, options: dict, fragments: list[str]) ->
 
 
 @pytest.mark.parametrize(
-    "name, options", [("logreg", {}), ("mlp", {"hidden": [8, 4]}), ("mlp", {"output_activation": "sigmoid"})]
+    "name, shape, options",
+    [
+        ("logreg", FLAT, {}),
+        ("mlp", FLAT, {"hidden": [8, 4]}),
+        ("mlp", FLAT, {"output_activation": "sigmoid"}),
+        ("cnn", (1, 8, 8), {"channels": [4, 6], "hidden": [5]}),
+        ("cnn", (3, 8, 6), {"channels": [4], "hidden": [], "output_activation": "sigmoid"}),
+    ],
 )
-def test_functional_fast_path_equals_module_forward(name: str, options: dict) -> None:
-    module = build_model(name, FLAT, 3, **options).double()
+def test_functional_fast_path_equals_module_forward(name: str, shape: tuple, options: dict) -> None:
+    module = build_model(name, shape, 3, **options).double()
     fm = FunctionalModel(module)
+    assert fm._functional_forward is not None
     params = fm.init_params(1, dtype=torch.float64)
-    x = torch.randn(5, *FLAT, dtype=torch.float64)
+    x = torch.randn(5, *shape, dtype=torch.float64)
     expected = torch.func.functional_call(module, params, (x,))
     assert torch.equal(fm.apply(params, x), expected)
+    # and its gradients, also under vmap (the vectorised executor)
+    grad = torch.func.grad(lambda p, xb: fm.apply(p, xb).sum())
+    reference = torch.func.grad(lambda p, xb: torch.func.functional_call(module, p, (xb,)).sum())
+    for k, g in grad(params, x).items():
+        assert torch.equal(g, reference(params, x)[k]), k
+    stacked = {k: torch.stack([v, 2 * v]) for k, v in params.items()}
+    batched = torch.func.vmap(fm.apply)(stacked, torch.stack([x, x]))
+    assert torch.allclose(batched[1], torch.func.functional_call(module, {k: 2 * v for k, v in params.items()}, (x,)))

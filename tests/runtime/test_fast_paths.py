@@ -61,6 +61,11 @@ def test_provably_finite_detects_nan_and_inf() -> None:
     big = torch.zeros(2**21)
     big[-1] = float("nan")
     assert not _provably_finite([{"x": big}])
+    # a NaN in one dtype among several, and a lone leaf of its shape (no stacking)
+    mixed = [{"a": torch.ones(3), "b": torch.ones(2, dtype=torch.float64), "c": torch.ones(5)}]
+    assert _provably_finite(mixed)
+    mixed[0]["b"] = torch.tensor([1.0, float("-inf")], dtype=torch.float64)
+    assert not _provably_finite(mixed)
 
 
 def test_eager_sgd_steps_equal_the_generic_loop_bitwise(monkeypatch) -> None:

@@ -149,6 +149,92 @@ def test_permutations_of_mixed_sizes_are_chunked_without_changing_results(monkey
         assert torch.equal(whole[i], client_generator(4, 1, k).permutations(int(sizes[i]), 24))
 
 
+def ref_partial_epoch(seed: int, rnd: int, client: int, n: int, m: int) -> list[int]:
+    """The documented partial-epoch formula on Python ints: the first ``m`` distinct values of
+    Lemire's multiply-shift of the words ``mix64(sub + GOLDEN * (2**62 + k + 1))``, k = 0, 1, ..."""
+    base = derive_seed(seed, rnd, "clients", "update")
+    key = ref_mix64((base + 0x9E3779B97F4A7C15 * (client + 1)) & MASK)
+    sub = ref_mix64((key + 0xD1B54A32D192ED03 * 1) & MASK)
+    out: list[int] = []
+    k = 0
+    while len(out) < m:
+        v = ((ref_mix64((sub + 0x9E3779B97F4A7C15 * ((1 << 62) + k + 1)) & MASK) >> 32) * n) >> 32
+        if v not in out:
+            out.append(v)
+        k += 1
+    return out
+
+
+@pytest.mark.parametrize(("n", "total"), [(33333, 32), (101, 50), (7, 3), (2**32 - 1, 5)])
+def test_partial_epoch_follows_the_documented_formula(n: int, total: int) -> None:
+    expected = ref_partial_epoch(2, 9, 4, n, total)
+    assert client_generator(2, 9, 4).permutations(n, total).tolist() == expected
+    assert client_generator(2, 9, [3, 4]).permutations(torch.tensor([n, n]), total)[1].tolist() == expected
+
+
+def test_permutations_pinned_values() -> None:
+    """Pins the shuffle streams: a change here changes every ``sampling = "shuffle"`` run."""
+    assert client_generator(0, 3, 7).permutations(33333, 5).tolist() == PINNED_LARGE
+    assert client_generator(0, 3, 7).permutations(4, 6).tolist() == PINNED_SMALL
+
+
+PINNED_LARGE = [18823, 18867, 6946, 15225, 12138]  # the distinct-draws path
+PINNED_SMALL = [3, 0, 2, 1, 0, 3]  # one sorted epoch + the first 2 of the next (as before)
+
+
+def test_shuffle_draw_cost_does_not_grow_with_the_client_size(monkeypatch) -> None:
+    """A batch of 32 from a client of any size computes O(32) random words and sorts no
+    permutation of the client's rows (one client and a block alike)."""
+    from fedrisk import rng as rng_module
+
+    sizes: list[int] = []
+
+    def counting_mix64(z: np.ndarray) -> np.ndarray:
+        sizes.append(np.size(z))
+        return mix64(z)
+
+    def no_sort(*args: object) -> None:
+        raise AssertionError("a full permutation was sorted")
+
+    monkeypatch.setattr(rng_module, "mix64", counting_mix64)
+    monkeypatch.setattr(rng_module, "_permutation_rows", no_sort)
+    for n in (10**4, 10**6, 10**9):
+        sizes.clear()
+        idx = sample_batches(client_generator(0, 1, 3), n, 1, 32, "shuffle")
+        assert idx.shape == (1, 32) and len(set(idx[0].tolist())) == 32 and int(idx.max()) < n
+        assert max(sizes) <= 2 * 32 + 8
+        sizes.clear()
+        block = sample_batches(client_generator(0, 1, [3, 4, 5]), torch.tensor([n, 2 * n, 3 * n]), 2, 16, "shuffle")
+        assert torch.equal(block[0], idx.reshape(2, 16))
+        assert max(sizes) <= 3 * (2 * 32 + 8)
+
+
+def test_permutations_mixing_full_epochs_and_a_drawn_tail() -> None:
+    """Every epoch visits every row once; the cut epoch's rows are distinct, drawn by sorting
+    (``2 m >= n``) or as distinct uniform draws (``2 m < n``); block rows = own draws."""
+    sizes = torch.tensor([100, 7, 33333, 64, 65, 1, 130, 260, 10**6])
+    total = 130
+    block = client_generator(2, 3, list(range(len(sizes)))).permutations(sizes, total)
+    for i, n in enumerate(sizes.tolist()):
+        row = block[i].tolist()
+        assert row == client_generator(2, 3, i).permutations(n, total).tolist()
+        full, rest = divmod(total, n)
+        for e in range(full):
+            assert sorted(row[e * n : (e + 1) * n]) == list(range(n))
+        assert len(set(row[full * n :])) == rest and all(0 <= v < n for v in row)
+
+
+def test_drawn_tail_is_a_uniform_ordered_sample() -> None:
+    """2 distinct rows of 5 (the distinct-draws path): all 20 ordered pairs, equally often."""
+    pairs = client_generator(0, 0, list(range(40000))).permutations(5, 2)
+    _, counts = torch.unique(pairs, dim=0, return_counts=True)
+    expected = 40000 / 20
+    assert len(counts) == 20
+    assert float(((counts - expected) ** 2 / expected).sum()) < 50  # 19 dof: P(chi2 > 50) < 1e-3
+    first = client_generator(0, 1, list(range(20000))).permutations(33333, 4)
+    assert abs(float(first.double().mean()) - 16666) < 300  # uniform over the rows
+
+
 def test_integers_with_per_client_bounds() -> None:
     x = client_generator(0, 0, [0, 1, 2]).integers(torch.tensor([1, 2, 2**31 - 1]), (500,))
     assert int(x[0].max()) == 0 and set(x[1].tolist()) == {0, 1} and int(x[2].max()) > 2**30

@@ -53,7 +53,11 @@ def sample_batches(
     """Row indices ``[steps, batch_size]`` below ``num_samples`` (int64).
 
     ``with_replacement``: i.i.d. uniform rows.  ``shuffle``: consecutive random permutations
-    of the rows (epochs without replacement), cut into batches.  For a block generator
+    of the rows (epochs without replacement; every epoch visits every row once), cut into
+    batches, from :meth:`~fedrisk.rng.ClientRNG.permutations`: a draw costs O(``steps *
+    batch_size``) whatever the client's size (a window of one step of 32 rows from 33,333 draws
+    32 distinct rows, never a permutation of all).  The epochs start afresh in every round
+    (draws are a function of ``(seed, round, client)``).  For a block generator
     (``rng`` of a block, ``num_samples`` an int64 tensor ``[C]``) the result is
     ``[C, steps, batch_size]`` and row ``i`` equals client ``i``'s own draw.
     """

@@ -10,12 +10,34 @@ Example:
     1
 """
 
-from fedrisk.experiment.config import ExperimentConfig, load_config, resolve_config
-from fedrisk.experiment.outputs import RunDir, load_run
-from fedrisk.experiment.progress import Progress
-from fedrisk.experiment.report import make_report
-from fedrisk.experiment.runner import RunInterrupted, RunResult, build_simulation, run_experiment
-from fedrisk.experiment.sweep import SweepInterrupted, expand_sweep, run_sweep
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {
+    "ExperimentConfig": "config",
+    "load_config": "config",
+    "resolve_config": "config",
+    "RunDir": "outputs",
+    "load_run": "outputs",
+    "Progress": "progress",
+    "make_report": "report",
+    "RunInterrupted": "runner",
+    "RunResult": "runner",
+    "build_simulation": "runner",
+    "run_experiment": "runner",
+    "SweepInterrupted": "sweep",
+    "expand_sweep": "sweep",
+    "run_sweep": "sweep",
+}
+
+
+def __getattr__(name: str) -> Any:  # lazy: `fedrisk.experiment.config` (the CLI's) does not import torch
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"fedrisk.experiment.{_HOMES[name]}"), name)
+    raise AttributeError(f"module 'fedrisk.experiment' has no attribute {name!r}")
+
 
 __all__ = [
     "ExperimentConfig",

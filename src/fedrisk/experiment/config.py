@@ -298,8 +298,17 @@ SCHEMA: dict[str, list[Option]] = {
         _o(
             "checkpoint_every",
             "int",
-            10,
-            "write a checkpoint every this many rounds (0 = only at the end and on SIGINT/SIGTERM)",
+            0,
+            "also write a checkpoint every this many rounds (0 = no round interval)",
+            low=0,
+            semantic=False,
+        ),
+        _o(
+            "checkpoint_seconds",
+            "float",
+            30.0,
+            "write a checkpoint after a round once this many seconds have passed since the last one "
+            "(0 = no time interval); checkpoints are always written at the end and on SIGINT/SIGTERM",
             low=0,
             semantic=False,
         ),

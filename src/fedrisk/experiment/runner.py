@@ -19,8 +19,9 @@ seed and its round.  A checkpoint therefore holds the round, the seed, the serve
 client's state, the communication ledger and the evaluation history (plus the global
 torch / NumPy / Python generator states, so that code drawing from them resumes too), and
 ``--resume`` continues bit-exactly: a run of 10 rounds and a run interrupted after 5 and
-resumed end with identical metrics.  Checkpoints are written every ``run.checkpoint_every``
-rounds, at the end, and on SIGINT / SIGTERM: the handler only sets a flag, the current round
+resumed end with identical metrics.  Checkpoints are written after a round once
+``run.checkpoint_seconds`` (30 s) have passed since the last one, every ``run.checkpoint_every``
+rounds if set, at the end, and on SIGINT / SIGTERM: the handler only sets a flag, the current round
 (and its evaluation, if one is due) finishes, the checkpoint is written and the run stops with
 :class:`RunInterrupted` (exit code 130 / 143 from the CLI).  A second SIGINT stops at once.
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -341,8 +343,11 @@ class SignalGuard:
 
 
 class Checkpointer(Callback):
-    """Writes checkpoints after completed rounds: every ``every`` rounds and, when ``guard``
-    has seen a signal, once more before stopping the run.
+    """Writes checkpoints after completed rounds: every ``every`` rounds, after the first round
+    that ends ``seconds`` or more after the last checkpoint (wall clock; 0 = never, likewise
+    ``every = 0``) and, when ``guard`` has seen a signal, once more before stopping the run.
+    A time interval keeps the cost of checkpoints small whatever a round costs: a run of many
+    millisecond rounds writes one every 30 s, not every 10 rounds.
 
     A round counts as completed after its evaluation when one is due, so the checkpoint's
     history always holds every evaluation up to its round.  With ``agree`` (the distributed
@@ -361,8 +366,11 @@ class Checkpointer(Callback):
         history: History,
         elapsed: Any,
         agree: Callable[[bool], bool] | None = None,
+        seconds: float = 0.0,
     ) -> None:
         self.path = path
+        self.seconds = seconds
+        self._last = time.monotonic()
         self.agree = agree
         self.config = dict(config)
         self.rounds = rounds
@@ -391,10 +399,13 @@ class Checkpointer(Callback):
             self.save(sim)
             signum = self.guard.signum if self.guard is not None and self.guard.signum is not None else signal.SIGTERM
             raise _Stop(signum)
-        if self.every and sim.round % self.every == 0 and sim.round < self.rounds:
+        due = bool(self.every) and sim.round % self.every == 0
+        due = due or (self.seconds > 0 and time.monotonic() - self._last >= self.seconds)
+        if due and sim.round < self.rounds:
             self.save(sim)
 
     def save(self, sim: Simulation) -> None:
+        self._last = time.monotonic()
         if not sim.executor.is_primary:
             return
         save_checkpoint(self.path, sim, self.config, self.history, self.elapsed())
@@ -583,6 +594,7 @@ def _run(
         history,
         show.elapsed,
         agree=executor.any_rank,
+        seconds=cfg["run.checkpoint_seconds"],
     )
     callbacks: list[Callback] = [TrainMetrics()]
     if primary:

@@ -193,10 +193,27 @@ class FessCNN(_ZooModel):
             fcs += [nn.Linear(w_in, w_out), nn.ReLU()]
         fcs.append(nn.Linear(widths[-1], num_outputs))
         self.classifier = nn.Sequential(*fcs)
+        self._conv_names = [f"features.{i}" for i, m in enumerate(self.features) if isinstance(m, nn.Conv2d)]
+        self._fc_names = [f"classifier.{i}" for i, m in enumerate(self.classifier) if isinstance(m, nn.Linear)]
 
     def forward(self, x: Tensor) -> Tensor:
         x = x.reshape(x.shape[0], *self.input_shape)
         return self._finish(self.classifier(self.features(x).flatten(1)))
+
+    def functional_forward(self, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
+        """``forward`` as a pure function of ``params``: the same operations as the modules
+        (skips functional_call's per-call overhead, ~5% of a small CNN's local step)."""
+        h = x.reshape(x.shape[0], *self.input_shape)
+        for name in self._conv_names:
+            h = F.conv2d(h, params[f"{name}.weight"], params[f"{name}.bias"], padding=1)
+            h = F.max_pool2d(torch.relu(h), 2)
+        h = h.flatten(1)
+        last = len(self._fc_names) - 1
+        for i, name in enumerate(self._fc_names):
+            h = F.linear(h, params[f"{name}.weight"], params[f"{name}.bias"])
+            if i < last:
+                h = torch.relu(h)
+        return self._finish(h)
 
 
 def _conv3x3(c_in: int, c_out: int, stride: int = 1) -> nn.Conv2d:
