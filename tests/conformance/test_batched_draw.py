@@ -2,9 +2,15 @@
 
 For every registered algorithm (built through the experiment layer, as the executor
 equivalence tests build them) and the contract toys that declare ``batched_draw = True``, and
-for several rounds (so that round kinds such as CODA's dual reset are covered), the block draw
+for several rounds, the block draw
 of all clients, of a sub-block in a scrambled order and of one client must equal, leaf by leaf
 and bit for bit, the per-client draws from ``client_generator(seed, round, k)``.
+
+Round kinds other than ``train``: with default hyper-parameters the ``alg/<name>`` cases run
+only ``train`` rounds (the AUC family's first stage is 2,000 local steps); the
+``alg/codasca/stages-*`` and ``alg/coda/dual-reset`` cases of ``_distributed_cases.py`` cross
+stage ends (rounds 1 and 3) and CODA's dual-reset round (round 2) within the ``ROUNDS``
+checked here (:func:`test_round_kinds_are_covered`).
 """
 
 from __future__ import annotations
@@ -82,3 +88,14 @@ def test_some_cases_draw_in_blocks() -> None:
     names = {c.name for c in CASES}
     assert {"alg/fedavg", "alg/scaffold", "alg/codasca", "alg/coda"} <= names
     assert all(ALGORITHMS.get(n).batched_draw for n in ("fedavg", "fedprox", "scaffold", "codasca", "coda"))
+
+
+def test_round_kinds_are_covered() -> None:
+    """The cases above do draw in CODA's dual-reset round and in stage-end rounds."""
+    kinds: dict[str, set[str]] = {}
+    for name in ("alg/coda/dual-reset", "alg/codasca/stages-reset"):
+        alg, fed, _ = next(c for c in CASES if c.name == name).build()
+        sim = Simulation(alg, fed, seed=C.SEED, dtype=torch.float64)
+        kinds[name] = {sim.step().kind for _ in range(ROUNDS)}
+    assert kinds["alg/coda/dual-reset"] == {"train", "stage_end", "dual_reset"}
+    assert kinds["alg/codasca/stages-reset"] == {"train", "stage_end"}

@@ -16,6 +16,12 @@ Cases:
   several (centralised training: the distributed executor must then refuse the world size).
   ``alg/<name>/partial`` adds ``clients_per_round = 3`` where the algorithm has that
   hyper-parameter (and runs on several clients).
+* ``alg/<name>/<variant>`` — the AUC family through stage boundaries (with the default
+  ``stage_iters`` every round of ``alg/<name>`` is a ``train`` round): CODASCA with Alg. 4's
+  random stage output, a control-variate reset at every stage end, the margin loss and
+  ``η_g = 1.5``; CODASCA with the official code's per-client prox rule and growing windows and
+  rounds; CODA with its dual-reset round; a CODASCA run checkpointed and resumed in the middle
+  of a stage.
 * ``toy/<name>`` — the contract toys of ``tests/conformance/toy_algorithms.py`` (persistent
   client state with partial participation, per-client payloads, a server pool gathered from
   replies, a median aggregator with and without an omniscient attack, round kinds, no
@@ -98,13 +104,14 @@ def model(features: int = FEATURES, outputs: int = CLASSES) -> FunctionalModel:
 SMALL = {"lr": 0.05, "local_steps": 2, "batch_size": 4}
 
 
-def config_algorithm(name: str, partial: bool = False) -> Built:
-    """``name`` through the experiment layer on wine (multi-class, else binarised, else pooled)."""
+def config_algorithm(name: str, partial: bool = False, extra: Mapping[str, Any] | None = None) -> Built:
+    """``name`` through the experiment layer on wine (multi-class, else binarised, else pooled);
+    ``extra``: more ``[algorithm]`` settings."""
     from fedrisk.experiment.config import algorithm_fields, resolve_config
     from fedrisk.experiment.runner import build_simulation
 
     hyper = algorithm_fields(ALGORITHMS.get(name)).hyper
-    algorithm = {"name": name, **{k: v for k, v in SMALL.items() if k in hyper}}
+    algorithm = {"name": name, **{k: v for k, v in SMALL.items() if k in hyper}, **(extra or {})}
     if partial:
         algorithm["clients_per_round"] = 3
     # (data, model.num_outputs): multi-class; binarised with one output (AUC algorithms, which
@@ -213,6 +220,27 @@ class NegatedMean(Attack):
         return InMemoryReplies({k: ({"params": bad} if k in byzantine else v) for k, v in everyone.items()})
 
 
+# -- the AUC family across stage boundaries ----------------------------------------------------
+AUC_STAGES = {"window": 2, "stage_iters": 4}
+
+
+def _auc_stage_cases() -> list[Case]:
+    """Stage ends, CODA's dual reset, Alg. 4's random output, a control-variate reset, growing
+    windows, the code's prox rule and a mid-stage resume (rounds 1 and 3 end stages)."""
+
+    def auc(name: str, **extra: Any) -> Callable[[], Built]:
+        return lambda: config_algorithm(name, extra={**AUC_STAGES, **extra})
+
+    reset = {"stage_output": "random", "reset_control_variates": True, "auc_loss": "margin", "global_lr": 1.5}
+    code = {"stage_output": "last_local_average_ref", "window_growth": 2.0, "lr_decay": 2.0, "rounds_growth": 1.5}
+    return [
+        Case("alg/codasca/stages-reset", auc("codasca", **reset), rounds=5),
+        Case("alg/codasca/stages-code", auc("codasca", **code), rounds=6),
+        Case("alg/coda/dual-reset", auc("coda", reset_batch_size=4), rounds=5),
+        Case("alg/codasca/resume-mid-stage", auc("codasca", stage_iters=6), rounds=5, resume_at=2),
+    ]
+
+
 # -- the conformance suite's toys -------------------------------------------------------------
 def _toys() -> Any:
     """``tests/conformance/toy_algorithms.py`` as a module (None when it is not there)."""
@@ -303,6 +331,7 @@ def cases() -> list[Case]:
         # partial participation of one pooled client (centralised training) is not a case
         if "clients_per_round" in hyper and not getattr(cls, "requires_pooled_data", False):
             out.append(Case(f"alg/{name}/partial", lambda name=name: config_algorithm(name, partial=True)))
+    out.extend(_auc_stage_cases())
     out.extend(_toy_cases())
     poisoned = lambda **kw: (Shuffle(model(), clients_per_round=NUM_CLIENTS), federation(poison_client=1), kw)  # noqa: E731
     out.append(Case("own/shuffle", lambda: (Shuffle(model()), federation(), {}), rounds=4))

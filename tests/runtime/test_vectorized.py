@@ -141,6 +141,33 @@ def test_every_algorithm_matches_sequential_in_float64(name: str) -> None:
         assert_same_run(got, want)
 
 
+# the AUC family through stage ends (OVERRIDES: window 2, stage_iters 4, so rounds 1, 3, 5 end
+# stages) with the options the generic build leaves at their defaults
+AUC_STAGE_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "codasca-reset-random-margin": (
+        "codasca",
+        {"stage_output": "random", "reset_control_variates": True, "auc_loss": "margin", "global_lr": 1.5},
+    ),
+    "codasca-code-rule-growing": (
+        "codasca",
+        {"stage_output": "last_local_average_ref", "window_growth": 2.0, "lr_decay": 2.0, "rounds_growth": 1.5},
+    ),
+    "codaplus-average": ("codaplus", {"stage_output": "average", "weight_decay": 0.01}),
+    "coda-dual-reset": ("coda", {"auc_loss": "margin"}),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(AUC_STAGE_VARIANTS))
+def test_auc_family_across_stage_boundaries(variant: str) -> None:
+    name, extra = AUC_STAGE_VARIANTS[variant]
+    alg = dataclasses.replace(build_algorithm(name), **extra)
+    want = run(alg, "sequential", rounds=7)
+    kinds = {r.kind for r in want[1]}
+    assert "stage_end" in kinds and (name != "coda" or "dual_reset" in kinds)
+    for block in (2, None):
+        assert_same_run(run(alg, VectorizedExecutor(block_size=block), rounds=7), want)
+
+
 def test_fedavg_float32_within_relative_tolerance() -> None:
     alg = FedAvg(
         model=FunctionalModel(build_model("mlp", (D,), 2, hidden=[8])),

@@ -41,14 +41,18 @@ rounds as the paper does.  The stage schedule is a pure function of the round nu
 hyper-parameters (:meth:`CODAPlus.schedule`), so every party, including ``client_update`` under
 ``vmap``, knows the static step count of a round from ``ctx.round`` alone:
 
-* a stage has ``R = ceil(stage_iters / window)`` windows (``stage_iters`` = the paper's ``T_0``);
-  stage boundaries therefore fall on round boundaries (pitfall P8: the learning rate never
-  changes inside a window, so eq. (6) stays exact) and a stage lasts ``R · I_s ≥ T_0`` steps;
+* a stage has ``R_s = round(R_0 · rounds_growth^s)`` windows, ``R_0 = ceil(stage_iters / window)``
+  (``stage_iters`` = the paper's ``T_0``); stage boundaries therefore fall on round boundaries
+  (pitfall P8: the learning rate never changes inside a window, so eq. (6) stays exact) and a
+  stage lasts ``T_s = R_s · I_s`` steps (``≥ T_0`` for stage 0);
 * window of stage ``s`` (from 0): ``I_s = round(window · window_growth^s)``; local step size
   ``η_s = lr / lr_decay^s``.  ``window_growth = 1`` is the experiments' fixed ``I`` with the
   step size divided by 3 every ``T_0`` iterations (§2.6); ``window_growth = lr_decay > 1`` is
   Theorem 2's schedule (``R`` fixed per stage, ``I_s`` growing and ``η_l`` decaying
-  geometrically with the same ratio, so ``η̃ = η_l η_g I`` stays constant);
+  geometrically with the same ratio, so ``η̃ = η_l η_g I`` stays constant); ``window_growth =
+  rounds_growth = sqrt(lr_decay)`` is Theorem 1's heterogeneous schedule (``I_s ∝ η_s^{-1/2}``,
+  ``T_s = R_s I_s ∝ 1/η_s``).  CODASCA warns (:class:`LargeEffectiveStepWarning`) when
+  ``η̃ = η_l η_g I`` exceeds :data:`EFFECTIVE_STEP_LIMIT` (the spec's toy diverges at 1.28);
 * ``stage_iters=None`` is one endless stage (no decay, a fixed prox reference);
 * CODA adds one ``"dual_reset"`` round after the ``R`` windows of every stage.
 
@@ -62,7 +66,7 @@ initialised as in the code (``a = b = α = 0``).  :meth:`CODAPlus.global_params`
 ``{"model", "a", "b", "alpha"}``; :meth:`CODAPlus.predict` scores with ``params["model"]``.
 
 * server: ``v``, ``alpha``; CODASCA ``c_v``, ``c_alpha``; ``stage_output="random"``: the picked
-  round ``pick`` and its iterate ``candidate``; ``"last_average_ref"``: the prox reference ``ref``.
+  round ``pick`` and its iterate ``candidate``; ``"last_global_average_ref"``: the prox reference ``ref``.
 * client: ``p`` (its positive ratio); ``ref`` = the stage's prox reference ``v_0^s`` (set from the
   broadcast in the stage's first window, so it is never re-sent); CODASCA ``c_v``, ``c_alpha``
   (``c^k``); ``stage_output`` needing the average: ``iterate_sum`` = ``Σ_t (v_t^k, α_t^k)`` of
@@ -94,22 +98,28 @@ Resolved ambiguities (spec §2.7, §6)
 * **Stage output** (§2.7-6): ``stage_output`` = ``"average"`` (Alg. 2, default of CODA+, CODA,
   NPA: the time-and-client average of all local iterates, exact), ``"random"`` (Alg. 4, default
   of CODASCA: the server iterate after a uniformly drawn window of the stage), ``"last"`` (the
-  last server iterate) or ``"last_average_ref"`` (the code: continue from the last iterate, prox
-  reference = the stage average).  The output starts the next stage and (except the last
-  option) is its prox reference.  Evaluation always uses the current server iterate (P17).
+  last server iterate), ``"last_local_average_ref"`` (the official code's ``update_regularizer``:
+  continue from the last server iterate; each client re-centres *its own* prox reference on the
+  average of *its own* local iterates over the stage, ``(1/T_s) Σ_t v_t^k``, computed locally and
+  never sent) or ``"last_global_average_ref"`` (continue from the last iterate, every client's
+  reference = the cross-client stage average, broadcast by the server; the mean of the code's
+  per-client references).  The output starts the next stage and (except the last two) is its
+  prox reference.  Evaluation always uses the current server iterate (P17).
 * **Control variates**: eq. (6) (difference form, default) or eq. (7) (mean of the directions
   used in the window, prox and weight decay included — the paper's ``∇f_k^s``).  They agree
   exactly (to rounding) while the learning rate is constant within the window, which the
   schedule guarantees, and no dual projection is active.  The code averages the *raw*
   gradients (no prox, no weight decay, unclipped); that variant is not offered.  Control
-  variates restart at zero at every stage (Alg. 4): the clients zero ``c^k`` after the stage's
-  last window (and do not send it), the server zeros ``c``, so ``c = (1/K) Σ_k c^k`` holds after
-  every communication.  ``reset_control_variates=False`` keeps them across stages as the code
-  does.  The global ``c`` starts at 0 (§2.7-4).
+  variates are kept across stages by default, as the paper's experiments and the official code
+  do.  ``reset_control_variates=True`` restarts them at zero at every stage as Alg. 4's box
+  does: the clients zero ``c^k`` after the stage's last window (and do not send it), the server
+  zeros ``c``, so ``c = (1/K) Σ_k c^k`` holds after every communication; the first window of
+  every stage is then a plain CODA+ window.  The global ``c`` starts at 0 (§2.7-4).
 * **Every round restarts from the broadcast** ``(v_{r−1}, α_{r−1})`` (§2.7-4, P7); ``c^k`` is
   updated with the *old* global ``c``; Alg. 4's "α_{r,t}^k" in the average is read α_{r,I}^k.
 * **Extrapolation** (P9): ``v_r = v_{r−1} + η_g (v̂_r − v_{r−1})`` with ``v_{r−1}`` the previous
-  *server* iterate; ``η_g = 1`` returns the plain mean exactly.
+  *server* iterate; ``η_g = 1`` returns the plain mean exactly.  The extrapolated dual is
+  projected like the local one (AUCM: ``α ≥ 0``; ``η_g > 1`` can otherwise leave the set).
 * **Client weights** (P11): the server averages uniformly (``1/K``), as eq. (1) does.
   All clients take part in every round (the paper's setting; no partial participation).
 * **Positive ratio p** (P3): ``positive_ratio="global"`` (default, :data:`DEFAULT_POSITIVE_RATIO`:
@@ -191,12 +201,14 @@ __all__ = [
     "CODASCA",
     "CONTROL_VARIATES",
     "DUAL_DIRECTIONS",
+    "EFFECTIVE_STEP_LIMIT",
     "NPA",
     "POSITIVE_RATIOS",
     "STAGE_OUTPUTS",
     "AUCDirections",
     "AUCWeights",
     "CODAPlus",
+    "LargeEffectiveStepWarning",
     "LocalWindow",
     "SingleClassClientWarning",
     "StageSlot",
@@ -213,10 +225,19 @@ __all__ = [
 AUC_LOSSES = ("square", "margin")
 POSITIVE_RATIOS = ("global", "client", "given")
 DUAL_DIRECTIONS = ("gradient", "closed_form")
-STAGE_OUTPUTS = ("average", "random", "last", "last_average_ref")
+STAGE_OUTPUTS = ("average", "random", "last", "last_local_average_ref", "last_global_average_ref")
+EFFECTIVE_STEP_LIMIT = 1.0
+"""CODASCA warns (:class:`LargeEffectiveStepWarning`) when ``η̃ = η_l · η_g · I`` exceeds this."""
 CONTROL_VARIATES = ("difference", "gradient_mean")
 
 TRAIN, STAGE_END, DUAL_RESET = "train", "stage_end", "dual_reset"
+
+
+class LargeEffectiveStepWarning(UserWarning):
+    """CODASCA's effective step ``η̃ = η_l · η_g · I`` is large: Theorem 2 (Lemma 2) needs
+    ``η̃ ≤ min{1/(3ℓ + 3ℓ²/μ_2), μ_2/(40ℓ²)}``, and the spec's deterministic toy (§7.2) already
+    diverges at ``η̃ = 1.28`` (the control variates lag one window behind)."""
+
 
 class SingleClassClientWarning(UserWarning):
     """A client holds a single class; the AUC objective still runs (see the module docstring)."""
@@ -448,13 +469,17 @@ class CODAPlus(Algorithm):
         window: ``I``: local steps per communication round (``I_0`` with ``window_growth``).
         window_growth: ``I_s = round(window · window_growth^s)`` (1 = fixed ``I``, as the
             experiments; Theorem 2 grows it geometrically).
-        stage_iters: ``T_0``: local iterations per stage, rounded up to whole windows
-            (``R = ceil(T_0 / I_0)`` rounds per stage); None = one endless stage.
+        stage_iters: ``T_0``: local iterations of the first stage, rounded up to whole windows
+            (``R_0 = ceil(T_0 / I_0)`` rounds); None = one endless stage.
+        rounds_growth: ``R_s = round(R_0 · rounds_growth^s)`` rounds in stage ``s`` (1 = the same
+            number of windows per stage, Theorem 2; Theorem 1's heterogeneous schedule
+            ``I_s ∝ η_s^{-1/2}``, ``T_s ∝ 1/η_s`` is ``window_growth = rounds_growth =
+            sqrt(lr_decay)``).
         lr_decay: the step size is divided by this at every stage boundary (paper: 3).
         prox_coef: ``λ`` of the proximal gradient ``λ (v − v_0^s)`` (eq. (5)); ``1/500`` by
             default (the code's ``gamma = 500``); 0 disables it.
-        stage_output: ``"average"`` | ``"random"`` | ``"last"`` | ``"last_average_ref"``
-            (module docstring).
+        stage_output: ``"average"`` | ``"random"`` | ``"last"`` | ``"last_local_average_ref"`` |
+            ``"last_global_average_ref"`` (module docstring).
         batch_size: local minibatch size (paper: 32).
         sampling: ``"with_replacement"`` or ``"shuffle"`` minibatches.
         auc_loss: ``"square"`` (eq. (2), the paper) or ``"margin"`` (AUCM, the code).
@@ -477,6 +502,7 @@ class CODAPlus(Algorithm):
     window: int = 1
     window_growth: float = 1.0
     stage_iters: int | None = 2000
+    rounds_growth: float = 1.0
     lr_decay: float = 3.0
     prox_coef: float = 0.002
     stage_output: str = "average"
@@ -503,11 +529,14 @@ class CODAPlus(Algorithm):
                     f"{self.stage_iters}; allowed: window <= stage_iters (a stage is a whole number of windows), "
                     "or stage_iters = None for one endless stage"
                 )
-        elif self.window_growth != 1.0:
-            raise FedriskError(
-                f"{self.name}: window_growth = {self.window_growth!r} needs stages; set stage_iters (T_0) "
-                "or keep window_growth = 1"
-            )
+        else:
+            for key in ("window_growth", "rounds_growth"):
+                if getattr(self, key) != 1.0:
+                    raise FedriskError(
+                        f"{self.name}: {key} = {getattr(self, key)!r} needs stages; set stage_iters (T_0) "
+                        f"or keep {key} = 1"
+                    )
+        check_range("rounds_growth", self.rounds_growth, 1.0)
         check_range("lr_decay", self.lr_decay, 1.0)
         check_range("prox_coef", self.prox_coef, 0.0)
         if self.lr * self.prox_coef >= 1.0:
@@ -516,6 +545,13 @@ class CODAPlus(Algorithm):
                 "so the proximal step overshoots; allowed: lr * prox_coef < 1. prox_coef is the coefficient "
                 "lambda of the gradient term lambda * (v - v_ref): the paper's '1/gamma in {500, 700, 1000}' "
                 "means prox_coef = 1/500 ... 1/1000 (0.002 ... 0.001)"
+            )
+        if self.stage_output == "last_average_ref":
+            raise FedriskError(
+                f"{self.name}: stage_output = 'last_average_ref' was ambiguous and has been split: "
+                "'last_local_average_ref' (the official code: each client's prox reference is the average of "
+                "its own local iterates over the stage) or 'last_global_average_ref' (the reference is the "
+                "cross-client stage average, broadcast by the server)"
             )
         if self.stage_output not in STAGE_OUTPUTS:
             raise unknown_name("stage_output", self.stage_output, STAGE_OUTPUTS)
@@ -544,10 +580,25 @@ class CODAPlus(Algorithm):
 
     # -- the stage schedule (pure functions of the round number) ---------------------------
     def rounds_per_stage(self) -> int | None:
-        """``R = ceil(T_0 / I_0)`` windows per stage (None: one endless stage)."""
+        """``R_0 = ceil(T_0 / I_0)`` windows in the first stage (None: one endless stage)."""
         if self.stage_iters is None:
             return None
         return -(-self.stage_iters // self.window)
+
+    def stage_rounds(self, stage: int) -> int:
+        """``R_s = round(R_0 · rounds_growth^s)`` windows in stage ``s`` (1 for an endless stage).
+
+        Example (Theorem 1, heterogeneous: ``I_s`` and ``R_s`` grow by ``sqrt(3)`` while ``η_s`` falls by 3):
+            >>> alg = CODAPlus(model=None, window=4, stage_iters=16, window_growth=3**0.5, rounds_growth=3**0.5)
+            >>> [(alg.stage_rounds(s), alg.stage_window(s)) for s in range(3)]
+            [(4, 4), (7, 7), (12, 12)]
+        """
+        R = self.rounds_per_stage()
+        if R is None:
+            return 1
+        if self.rounds_growth == 1.0:
+            return R
+        return max(1, round(R * self.rounds_growth**stage))
 
     def stage_window(self, stage: int) -> int:
         """``I_s = round(window · window_growth^s)``."""
@@ -576,7 +627,13 @@ class CODAPlus(Algorithm):
         R = self.rounds_per_stage()
         if R is None:
             return StageSlot(0, round, self.window, self.lr, TRAIN)
-        stage, index = divmod(round, R + self.dual_reset_rounds)
+        if self.rounds_growth == 1.0:
+            stage, index = divmod(round, R + self.dual_reset_rounds)
+        else:  # stages of growing length: walk them (a handful)
+            stage, index = 0, round
+            while index >= (R := self.stage_rounds(stage)) + self.dual_reset_rounds:
+                index -= R + self.dual_reset_rounds
+                stage += 1
         if index >= R:
             return StageSlot(stage, index, 0, self.stage_lr(stage), DUAL_RESET)
         kind = STAGE_END if index == R - 1 else TRAIN
@@ -588,7 +645,14 @@ class CODAPlus(Algorithm):
 
     @property
     def _tracks_average(self) -> bool:
-        return self._staged and self.stage_output in ("average", "last_average_ref")
+        if self.stage_output == "last_local_average_ref":
+            return self._local_ref
+        return self._staged and self.stage_output in ("average", "last_global_average_ref")
+
+    @property
+    def _local_ref(self) -> bool:
+        """The code's rule: each client re-centres its prox on its own stage average."""
+        return self._staged and self.stage_output == "last_local_average_ref" and self.prox_coef > 0
 
     @property
     def _keeps_candidate(self) -> bool:
@@ -604,7 +668,7 @@ class CODAPlus(Algorithm):
 
     @property
     def _server_ref(self) -> bool:
-        return self._staged and self.stage_output == "last_average_ref" and self.prox_coef > 0
+        return self._staged and self.stage_output == "last_global_average_ref" and self.prox_coef > 0
 
     # -- the objective: AUC min-max, eq. (2) (hooks; a subclass may swap in another (v, α) game)
     def init_primal(self, params: Tree) -> Tree:
@@ -788,8 +852,8 @@ class CODAPlus(Algorithm):
         v0, alpha0 = payload["v"], payload["alpha"]
         # the stage's prox reference v_0^s: taken from the stage's first broadcast, then kept
         ref = None
-        if self.prox_coef > 0:
-            ref = payload.get("ref", v0) if first else state["ref"]
+        if self.prox_coef > 0:  # (the code's rule keeps each client's own reference from stage 1 on)
+            ref = payload.get("ref", v0) if first and not (self._local_ref and slot.stage > 0) else state["ref"]
             new_state["ref"] = ref
         # CODASCA's correction −c^k + c, constant through the window
         shift_v = shift_a = c_k_v = c_k_a = None
@@ -835,7 +899,10 @@ class CODAPlus(Algorithm):
             window_sum = {"v": local.iterate_sum[0], "alpha": local.iterate_sum[1]}
             running = window_sum if first else tree_add(state["iterate_sum"], window_sum)
             if slot.kind == STAGE_END:
-                reply["iterate_sum"] = running
+                if self._local_ref:  # the code's update_regularizer: v_0^{s+1,k} = (1/T_s) Σ_t v_t^k
+                    new_state["ref"] = tree_scale(1.0 / (self.stage_rounds(slot.stage) * slot.steps), running["v"])
+                else:
+                    reply["iterate_sum"] = running
                 running = tree_zeros_like(running)
             new_state["iterate_sum"] = running
         return ClientResult(reply, new_state, {"loss": local.loss})
@@ -858,7 +925,7 @@ class CODAPlus(Algorithm):
             new["c_v"], new["c_alpha"] = replies.mean("c_v"), replies.mean("c_alpha")  # c = (1/K) Σ_k c^k
         if self._keeps_candidate:  # Alg. 4's output (v_r̃, α_r̃), r̃ ~ U{1..R}, drawn at the stage start
             if slot.index == 0:
-                new["pick"] = torch.randint(self.rounds_per_stage() or 1, (), generator=gen)
+                new["pick"] = torch.randint(self.stage_rounds(slot.stage), (), generator=gen)
             if slot.index == int(new["pick"]):
                 new["candidate"] = {"v": new["v"], "alpha": new["alpha"]}
         if slot.kind == STAGE_END:
@@ -869,15 +936,15 @@ class CODAPlus(Algorithm):
         """Form the stage output; it starts the next stage and (usually) is its prox reference."""
         new = dict(state)
         average = None
-        if self._tracks_average:  # (1/K) Σ_k (1/T) Σ_{t=1..T} (v_t^k, α_t^k),  T = R · I_s
+        if self._tracks_average and not self._local_ref:  # (1/K) Σ_k (1/T) Σ_t (v_t^k, α_t^k), T = R_s · I_s
             total = replies.mean("iterate_sum")
-            average = tree_scale(1.0 / ((self.rounds_per_stage() or 1) * slot.steps), total)
+            average = tree_scale(1.0 / (self.stage_rounds(slot.stage) * slot.steps), total)
         if self.stage_output == "average":
             assert average is not None
             new["v"], new["alpha"] = average["v"], average["alpha"]
         elif self.stage_output == "random":
             new["v"], new["alpha"] = state["candidate"]["v"], state["candidate"]["alpha"]
-        elif self.stage_output == "last_average_ref" and "ref" in new:
+        elif self.stage_output == "last_global_average_ref" and "ref" in new:
             assert average is not None
             new["ref"] = average["v"]
         if self.uses_control_variates and self._resets_control_variates:
@@ -992,8 +1059,9 @@ class CODASCA(CODAPlus):
         global_lr: ``η_g`` (1 = plain averaging; the paper tunes {1.1, 1, 0.99, 0.999}; Theorem
             2 uses ``sqrt(K)``).
         control_variate: ``"difference"`` (eq. (6), default) or ``"gradient_mean"`` (eq. (7)).
-        reset_control_variates: restart ``c``, ``c^k`` at 0 at every stage (Alg. 4; the code
-            never resets).
+        reset_control_variates: restart ``c``, ``c^k`` at 0 at every stage, as Alg. 4's box does
+            (then the first window of every stage is a plain CODA+ window).  Off by default: the
+            paper's experiments and the official code never reset them.
         stage_output: defaults to ``"random"`` (Alg. 4's output).
     """
 
@@ -1003,13 +1071,27 @@ class CODASCA(CODAPlus):
     stage_output: str = "random"
     global_lr: float = 1.0
     control_variate: str = "difference"
-    reset_control_variates: bool = True
+    reset_control_variates: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_range("global_lr", self.global_lr, 0.0, None, low_inclusive=False)
         if self.control_variate not in CONTROL_VARIATES:
             raise unknown_name("control_variate", self.control_variate, CONTROL_VARIATES)
+        # η̃_s = η_s · η_g · I_s: constant over the stages when window_growth = lr_decay (Theorem 2)
+        growth = self.window_growth / self.lr_decay if self._staged else 1.0
+        eta_tilde = self.lr * self.global_lr * self.window
+        if eta_tilde > EFFECTIVE_STEP_LIMIT or growth > 1.0:
+            warnings.warn(
+                f"{self.name}: the effective step eta_tilde = lr * global_lr * window = {self.lr!r} * "
+                f"{self.global_lr!r} * {self.window} = {eta_tilde:.4g}"
+                + (f" (growing by {growth:.4g} per stage)" if growth > 1.0 else "")
+                + f" exceeds {EFFECTIVE_STEP_LIMIT}: Theorem 2 needs eta_tilde <= min(1/(3l + 3l^2/mu_2), "
+                "mu_2/(40 l^2)) and the spec's heterogeneous toy diverges at 1.28; CODASCA may oscillate or "
+                "diverge. Lower lr or window (or keep window_growth <= lr_decay)",
+                LargeEffectiveStepWarning,
+                stacklevel=3,
+            )
 
     @property
     def _resets_control_variates(self) -> bool:
@@ -1020,8 +1102,12 @@ class CODASCA(CODAPlus):
         return self.control_variate
 
     def server_step(self, server_state: Tree, v_mean: Tree, alpha_mean: Tree) -> tuple[Tree, Tree]:
-        """``v_r = v_{r−1} + η_g (v̂_r − v_{r−1})``, ``α_r`` likewise (Alg. 4)."""
-        return (
-            extrapolate(server_state["v"], v_mean, self.global_lr),
-            extrapolate(server_state["alpha"], alpha_mean, self.global_lr),
-        )
+        """``v_r = v_{r−1} + η_g (v̂_r − v_{r−1})``, ``α_r = Π(α_{r−1} + η_g (α̂_r − α_{r−1}))`` (Alg. 4).
+
+        ``Π`` is the dual's projection (AUCM: onto ``α ≥ 0``): with ``η_g > 1`` the extrapolation
+        can leave the feasible set (``α_{r−1} = 0.5``, ``α̂_r = 0``, ``η_g = 1.5`` give ``−0.25``);
+        an average of feasible values (``η_g ≤ 1``) never does, and projecting it changes nothing.
+        """
+        alpha = extrapolate(server_state["alpha"], alpha_mean, self.global_lr)
+        project = self.dual_projection()
+        return extrapolate(server_state["v"], v_mean, self.global_lr), (alpha if project is None else project(alpha))

@@ -96,7 +96,7 @@ def local_sgda(
     ys, a_spec = pytree.tree_flatten(alpha)
     refs = v_spec.flatten_up_to(ref) if prox_coef else None
     s_v = v_spec.flatten_up_to(shift_v) if shift_v is not None else None
-    s_a = a_spec.flatten_up_to(shift_alpha) if shift_v is not None else None
+    s_a = a_spec.flatten_up_to(shift_alpha) if shift_alpha is not None else None
     dir_v: list[Tensor] | None = None
     dir_a: list[Tensor] | None = None
     it_v: list[Tensor] | None = None
@@ -123,7 +123,8 @@ def local_sgda(
             dir_a = d_a if dir_a is None else [u + g for u, g in zip(dir_a, d_a)]
             if s_v is not None:  # Alg. 4: g − c^k + c
                 d_v = [g + s for g, s in zip(d_v, s_v)]
-                d_a = [g + s for g, s in zip(d_a, s_a)]  # type: ignore[arg-type]
+            if s_a is not None:
+                d_a = [g + s for g, s in zip(d_a, s_a)]
             xs = [torch.add(x, g, alpha=-lr) for x, g in zip(xs, d_v)]  # descent on v
             ys = [torch.add(y, g, alpha=lr) for y, g in zip(ys, d_a)]  # ascent on α
         else:

@@ -313,6 +313,12 @@ SCHEMA: dict[str, list[Option]] = {
             semantic=False,
         ),
         _o("threads", "int", 0, "torch threads (0 = torch's default)", low=0, semantic=False),
+        _o(
+            "init_from",
+            "str",
+            "",
+            'start from a finished run\'s model: its directory (model.pt) or a .pt file; "" = random init',
+        ),
     ],
     "output": [
         _o("dir", "str", "", 'the run directory; "" = runs/<config file name>', semantic=False),

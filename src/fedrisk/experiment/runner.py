@@ -197,6 +197,9 @@ def build_simulation(cfg: ExperimentConfig, seed: int | None = None, executor: E
         attack, byzantine = build_attack(cfg.section("attack"))
 
     dtype = {"float32": torch.float32, "float64": torch.float64}[cfg["run.dtype"]]
+    init_params = None
+    if cfg["run.init_from"]:  # e.g. the two-stage recipe: cross-entropy pre-training, then CODASCA
+        init_params = load_init_params(cfg["run.init_from"], algorithm.init_params(torch.Generator()))
     sim = Simulation(
         algorithm,
         fed,
@@ -207,6 +210,7 @@ def build_simulation(cfg: ExperimentConfig, seed: int | None = None, executor: E
         byzantine=byzantine,
         on_client_failure=cfg["run.on_client_failure"],
         min_replies=cfg["run.min_replies"],
+        init_params=init_params,
     )
     resolved = {
         "seed": seed,
@@ -217,6 +221,51 @@ def build_simulation(cfg: ExperimentConfig, seed: int | None = None, executor: E
         "federation": fed.name,
     }
     return Built(sim, resolved)
+
+
+MODEL_FILE = "model.pt"
+"""A finished run's global model parameters (``algorithm.global_params``), for ``run.init_from``."""
+
+
+def load_init_params(source: str, expected: Any) -> Any:
+    """The model parameters stored by a finished run (``<dir>/model.pt``) or in a ``.pt`` file,
+    checked against the parameter tree ``expected`` (names and shapes); an AUC-family run's
+    ``{"model", "a", "b", "alpha"}`` contributes its ``"model"``.  Read with
+    ``torch.load(..., weights_only=True)`` (tensors and containers only).
+
+    Example:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> path = Path(tempfile.mkdtemp()) / "w.pt"
+        >>> torch.save({"model": {"w": torch.ones(2)}, "alpha": torch.zeros(())}, path)
+        >>> load_init_params(str(path), {"w": torch.zeros(2)})
+        {'w': tensor([1., 1.])}
+    """
+    path = Path(source)
+    if path.is_dir():
+        path = path / MODEL_FILE
+    if not path.is_file():
+        raise FedriskError(
+            f"run.init_from = {source!r}: {path} does not exist; allowed: a finished run's directory (holding "
+            f"{MODEL_FILE}) or a .pt file of model parameters"
+        )
+    try:
+        tree = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise FedriskError(f"run.init_from: cannot read {path}: {exc}") from None
+    if isinstance(tree, Mapping) and isinstance(tree.get("model"), Mapping):  # an AUC run: {"model", "a", ...}
+        tree = tree["model"]
+    if not isinstance(expected, Mapping) or not isinstance(tree, Mapping):
+        raise FedriskError(f"run.init_from: {path} holds {type(tree).__name__}, not a mapping of parameter names")
+    got = {k: tuple(v.shape) for k, v in tree.items() if isinstance(v, torch.Tensor)}
+    want = {k: tuple(v.shape) for k, v in expected.items()}
+    if got != want:
+        diff = sorted(set(got.items()) ^ set(want.items()))
+        raise FedriskError(
+            f"run.init_from: the parameters in {path} do not fit this model (name, shape differ: {diff[:6]}); "
+            "build the same model (model.* keys, num_outputs) as the run it comes from"
+        )
+    return {k: tree[k].to(expected[k].dtype) for k in want}
 
 
 def wants_scorer(cls: type, num_classes: int) -> bool:
@@ -618,6 +667,9 @@ def _run(
     checkpointer.save(sim)
     summary = make_summary(cfg, built.resolved, sim, history)
     if primary:
+        params = sim.algorithm.global_params(sim.server_state)
+        if params is not None:  # what run.init_from of a later run reads
+            atomic_torch_save(params, rd.path / MODEL_FILE)
         write_json(rd.summary, summary)
         if cfg["output.plots"] and history.records:
             from fedrisk.experiment.plots import plot_run
