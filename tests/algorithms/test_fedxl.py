@@ -68,8 +68,16 @@ def test_expected_step_is_the_local_gradient_at_zero_latency(cls: type) -> None:
     """
     fed = small_fed(num_clients=2)
     model = linear()
-    kw = {"model": model, "lr": 1.0, "local_steps": 1, "batch_pos": 1, "batch_neg": 1, "score": "identity",
-          "passive_sampling": "with_replacement", "surrogate": "square"}
+    kw = {
+        "model": model,
+        "lr": 1.0,
+        "local_steps": 1,
+        "batch_pos": 1,
+        "batch_neg": 1,
+        "score": "identity",
+        "passive_sampling": "with_replacement",
+        "surrogate": "square",
+    }
     alg = cls(**kw, xrisk="auc", beta=1.0) if cls is FeDXL2 else cls(**kw)
     w = {k: v.to(F64) for k, v in model.init_params(torch.Generator().manual_seed(5)).items()}
     w = {k: v + 0.3 for k, v in w.items()}
@@ -147,9 +155,13 @@ def test_server_merges_pools_in_client_order_and_drops_missing_classes() -> None
     alg = FeDXL2(model=linear(), local_steps=1, batch_pos=2, batch_neg=2)
     fed_info = FedInfo(3, (4, 3, 4), 2, ((2, 2), (3, 0), (2, 2)))  # client 1: no positives
     replies = {
-        k: {"params": {"w": torch.full((1,), float(k))}, "momentum": {"w": torch.full((1,), 2.0 * k)},
-            "h_pos": torch.tensor([10.0 * k, 10.0 * k + 1]), "h_neg": torch.tensor([-10.0 * k, -10.0 * k - 1]),
-            "u_pos": torch.tensor([100.0 * k, 100.0 * k + 1])}
+        k: {
+            "params": {"w": torch.full((1,), float(k))},
+            "momentum": {"w": torch.full((1,), 2.0 * k)},
+            "h_pos": torch.tensor([10.0 * k, 10.0 * k + 1]),
+            "h_neg": torch.tensor([-10.0 * k, -10.0 * k - 1]),
+            "u_pos": torch.tensor([100.0 * k, 100.0 * k + 1]),
+        }
         for k in range(3)
     }
     ctx = RoundContext(1, fed_info)
@@ -189,8 +201,15 @@ def test_averaging_and_momentum() -> None:
     """All clients start from w̄ and Ḡ; the server holds their means; G = (1−β) Ḡ + β (G1 + G2)."""
     fed = small_fed(num_clients=3)
     beta = 0.3
-    kw = {"model": linear(), "lr": 0.2, "local_steps": 1, "batch_pos": 2, "batch_neg": 3, "xrisk": "auc",
-          "surrogate": "sigmoid"}
+    kw = {
+        "model": linear(),
+        "lr": 0.2,
+        "local_steps": 1,
+        "batch_pos": 2,
+        "batch_neg": 3,
+        "xrisk": "auc",
+        "surrogate": "sigmoid",
+    }
     sim = Simulation(FeDXL2(**kw, beta=beta), fed, seed=4, dtype=F64)
     sim.step()
     sim.step()  # Ḡ is now non-zero
@@ -199,8 +218,12 @@ def test_averaging_and_momentum() -> None:
     ctx = RoundContext(2, info(fed))
     payload = {k: state[k] for k in ("params", "momentum", "pool_pos", "pool_neg")}
     g = torch.Generator().manual_seed(9)
-    draws = {"pos": torch.rand(1, 2, generator=g, dtype=F64), "neg": torch.rand(1, 3, generator=g, dtype=F64),
-             "keys_pos": torch.rand(18, generator=g, dtype=F64), "keys_neg": torch.rand(27, generator=g, dtype=F64)}
+    draws = {
+        "pos": torch.rand(1, 2, generator=g, dtype=F64),
+        "neg": torch.rand(1, 3, generator=g, dtype=F64),
+        "keys_pos": torch.rand(18, generator=g, dtype=F64),
+        "keys_neg": torch.rand(27, generator=g, dtype=F64),
+    }
     replies = {k: alg.client_update(ctx, payload, {}, local(c), draws).reply for k, c in enumerate(fed.clients)}
     plain = FeDXL2(**kw, beta=1.0)
     p_payload = {**payload, "momentum": {k: torch.zeros_like(v) for k, v in payload["momentum"].items()}}
@@ -228,8 +251,12 @@ def test_u_tracks_the_inner_mean_and_stays_at_least_one() -> None:
     with torch.no_grad():
         for k, c in enumerate(fed.clients):
             a = alg.scores(w, c.x[c.y == 1])
-            g = torch.stack([inner_loss("pauc", "squared_hinge", a, alg.scores(w, o.x[o.y == 0]), lam=0.5).mean(1)
-                             for o in fed.clients]).mean(0)
+            g = torch.stack(
+                [
+                    inner_loss("pauc", "squared_hinge", a, alg.scores(w, o.x[o.y == 0]), lam=0.5).mean(1)
+                    for o in fed.clients
+                ]
+            ).mean(0)
             u = sim.client_states[k]["u"][c.y == 1]
             assert torch.all((u - g).abs() / g < 0.05), (u, g)  # ~8 rounds x 40 steps: ~320 visits per row
 
@@ -264,16 +291,22 @@ def test_bad_hyper_parameters_are_named(cls: type, kwargs: dict, needle: str) ->
 def test_a_pool_request_larger_than_the_pool() -> None:
     fed = small_fed(num_clients=2)
     alg = FeDXL1(model=linear(), local_steps=4, batch_pos=2, batch_neg=2, upload=3)
-    with pytest.raises(FedriskError, match=r"requests K·B = 8 passive positive scores without replacement, but the "
-                                           r"pool may hold only 2 client\(s\) x 3 = 6"):
+    with pytest.raises(
+        FedriskError,
+        match=r"requests K·B = 8 passive positive scores without replacement, but the "
+        r"pool may hold only 2 client\(s\) x 3 = 6",
+    ):
         Simulation(alg, fed, seed=0)
     ok = FeDXL1(model=linear(), local_steps=4, batch_pos=2, batch_neg=2, upload=3, passive_sampling="with_replacement")
     sim = Simulation(ok, fed, seed=0, dtype=F64)
     for _ in range(3):
         sim.step()
     assert sim.server_state["pool_pos"].shape == (6,)
-    small = {"params": sim.server_state["params"], "pool_pos": torch.zeros(5, dtype=F64),
-             "pool_neg": torch.zeros(8, dtype=F64)}
+    small = {
+        "params": sim.server_state["params"],
+        "pool_pos": torch.zeros(5, dtype=F64),
+        "pool_neg": torch.zeros(8, dtype=F64),
+    }
     draws = {"keys_pos": torch.rand(64, dtype=F64), "keys_neg": torch.rand(64, dtype=F64)}
     with pytest.raises(FedriskError, match=r"the pool holds 5 pos scores but a round takes K·B = 8 without"):
         FeDXL1(model=linear(), local_steps=4, batch_pos=2, batch_neg=2).passive_scores(small, draws)
@@ -296,8 +329,11 @@ def label_skew(num_clients: int = 6, n: int = 40, seed: int = 0) -> tuple[Federa
 def test_single_class_clients_fedxl_learns_local_pair_cannot() -> None:
     fed, test = label_skew()
     kw = {"model": linear(), "lr": 0.5, "local_steps": 4, "batch_pos": 4, "batch_neg": 4, "surrogate": "sigmoid"}
-    with pytest.warns(SingleClassClientWarning, match=r"client 0 has no positive examples \(40 samples\)\. It still "
-                                                      r"trains on the cross-client pairs"):
+    with pytest.warns(
+        SingleClassClientWarning,
+        match=r"client 0 has no positive examples \(40 samples\)\. It still "
+        r"trains on the cross-client pairs",
+    ):
         fedxl = Simulation(FeDXL1(**kw, score="identity"), fed, seed=0, dtype=F64)
     with pytest.warns(SingleClassClientWarning, match="client 1 has no negative examples .* it has no local pairs"):
         pair = Simulation(LocalPair(**kw, score="identity"), fed, seed=0, dtype=F64)

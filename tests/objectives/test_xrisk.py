@@ -91,10 +91,12 @@ def test_decomposition_equals_autograd_of_the_federated_objective(kind: str, sur
         for j in range(N):
             wr = w.clone().requires_grad_(True)
             a, b = h(wr, xp), h(wr, xn)
-            delta1 = decomposed_surrogate(kind, surrogate, a, b, scores[j][1], scores[j][0], u[i], u[j], lam=lam,
-                                          neg_weight=0.0)  # Δ_i1: own positives, client j's negatives
-            delta2 = decomposed_surrogate(kind, surrogate, a, b, scores[j][1], scores[j][0], u[i], u[j], lam=lam,
-                                          pos_weight=0.0)  # Δ_i2: own negatives, client j's positives (+ their u)
+            delta1 = decomposed_surrogate(
+                kind, surrogate, a, b, scores[j][1], scores[j][0], u[i], u[j], lam=lam, neg_weight=0.0
+            )  # Δ_i1: own positives, client j's negatives
+            delta2 = decomposed_surrogate(
+                kind, surrogate, a, b, scores[j][1], scores[j][0], u[i], u[j], lam=lam, pos_weight=0.0
+            )  # Δ_i2: own negatives, client j's positives (+ their u)
             total += torch.autograd.grad(delta1 + delta2, wr)[0] / (N * N)
     assert torch.allclose(total, want, rtol=1e-10, atol=1e-12), (total, want)
 

@@ -59,7 +59,8 @@ Mapping onto the contract
   ``pool_neg`` (H_2), ``pool_u`` (U; ``xrisk="pauc"``) — the previous ``history`` rounds only,
   so memory never grows with the rounds — and, with ``history > 1``, the per-round pool
   lengths ``sizes_pos`` / ``sizes_neg``.  Client state: the u-table ``u`` over the client's rows
-  (only positive rows are used), persisting across rounds and never averaged (``"pauc"`` only).
+  (only positive rows are used; padded to the largest client's size), persisting across rounds and
+  never averaged (``"pauc"`` only).
 * Payload: ``params`` (+ ``momentum``) and the merged pools — the ledger counts them, so the
   per-client upload is ``d + K(B1 + B2)`` floats for FeDXL1 and ``2d + K(2 B1 + B2)`` for
   FeDXL2 with ``"pauc"`` (spec §6.16), the download ``N`` times the score part.
@@ -280,8 +281,11 @@ class PairwiseBase(Algorithm):
                 continue
             if pos + neg == 0:
                 raise FedriskError(f"{self.name}: client {k} has no training samples; every client needs data")
-            warnings.warn(self.single_class_message(k, "positive" if pos == 0 else "negative", pos + neg),
-                          SingleClassClientWarning, stacklevel=2)
+            warnings.warn(
+                self.single_class_message(k, "positive" if pos == 0 else "negative", pos + neg),
+                SingleClassClientWarning,
+                stacklevel=2,
+            )
 
     def single_class_message(self, client: int, missing: str, n: int) -> str:
         term = "G1 (its active positives)" if missing == "positive" else "G2 (its active negatives)"
@@ -301,7 +305,11 @@ class PairwiseBase(Algorithm):
         if not self.uses_u:
             return {}
         dtype = next(iter(params.values())).dtype if isinstance(params, dict) and params else torch.get_default_dtype()
-        return {"u": torch.full((ctx.fed.client_sizes[client],), float(getattr(self, "u_init", 1.0)), dtype=dtype)}
+        # one row per training row, padded to the largest client so that every client's state has the
+        # same shape (the vectorised executor then runs all clients in one vmap group); rows >= the
+        # client's size are never read
+        rows = max(ctx.fed.client_sizes)
+        return {"u": torch.full((rows,), float(getattr(self, "u_init", 1.0)), dtype=dtype)}
 
     # -- one round ----------------------------------------------------------------------------
     def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
@@ -370,8 +378,18 @@ class PairwiseBase(Algorithm):
                 if partner_u is None:
                     partner_u = u_new
                 loss = decomposed_surrogate(
-                    kind, surrogate, a, b, partner_neg, partner_pos, u_new, partner_u,
-                    lam=lam, margin=margin, pos_weight=has_pos, neg_weight=has_neg,
+                    kind,
+                    surrogate,
+                    a,
+                    b,
+                    partner_neg,
+                    partner_pos,
+                    u_new,
+                    partner_u,
+                    lam=lam,
+                    margin=margin,
+                    pos_weight=has_pos,
+                    neg_weight=has_neg,
                 )
                 return loss, (a.detach(), b.detach(), u_new.detach(), outer_value(kind, g, lam).mean())
 
@@ -391,8 +409,15 @@ class PairwiseBase(Algorithm):
         new_state = dict(state)
         if u is not None:
             new_state["u"] = u
-        return (params, G, new_state, torch.cat(stored_a), torch.cat(stored_b), torch.cat(stored_u),
-                torch.stack(losses).mean())
+        return (
+            params,
+            G,
+            new_state,
+            torch.cat(stored_a),
+            torch.cat(stored_b),
+            torch.cat(stored_u),
+            torch.stack(losses).mean(),
+        )
 
     def client_update(
         self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
@@ -458,8 +483,8 @@ class FeDXL1(PairwiseBase):
         pairs = class_count_pairs(fed.class_counts)
         n = min(self.clients_per_round or fed.num_clients, fed.num_clients)
         # the fewest clients whose scores can fill a round's pool (partial participation: the worst draw)
-        with_pos = sorted(p > 0 for p, _ in pairs)[: n] if n < fed.num_clients else [p > 0 for p, _ in pairs]
-        with_neg = sorted(q > 0 for _, q in pairs)[: n] if n < fed.num_clients else [q > 0 for _, q in pairs]
+        with_pos = sorted(p > 0 for p, _ in pairs)[:n] if n < fed.num_clients else [p > 0 for p, _ in pairs]
+        with_neg = sorted(q > 0 for _, q in pairs)[:n] if n < fed.num_clients else [q > 0 for _, q in pairs]
         up_pos, up_neg = self.uploads()
         for what, clients, per, need in (
             ("positive", max(1, sum(with_pos)), up_pos, self.local_steps * self.batch_pos),
