@@ -16,6 +16,7 @@ from fedrisk.algorithms.base import FedInfo, LocalData, RoundContext, RoundPlan
 from fedrisk.algorithms.fedxl import BOOTSTRAP, FeDXL1, FeDXL2, SingleClassClientWarning
 from fedrisk.algorithms.local_only import centralized
 from fedrisk.algorithms.local_pair import CentralizedPair, LocalPair
+from fedrisk.data.client_offsets import client_offset_federation
 from fedrisk.data.federation import Federation, Samples
 from fedrisk.errors import FedriskError
 from fedrisk.metrics.classification import auroc
@@ -392,31 +393,12 @@ def test_registered() -> None:
     assert CentralizedPair.requires_pooled_data and not LocalPair.federated_pairs
 
 
-def offset_federation(num_clients: int = 8, n: int = 300, seed: int = 0) -> tuple[Federation, Samples]:
-    """Spec §7.2's client-offset generator: 5 signal dims + a one-hot client id, x_sig[0] += c_i."""
-    g = torch.Generator().manual_seed(seed)
-    offsets = torch.linspace(-3, 3, num_clients, dtype=F64)
-
-    def draw(k: int, m: int) -> Samples:
-        y = (torch.rand(m, generator=g) < 1 / 6).long()
-        sig = torch.randn(m, 5, generator=g, dtype=F64)
-        sig[:, 0] += 1.5 * (y.to(F64) - 0.5)
-        sig[:, 0] += offsets[k]
-        onehot = torch.zeros(m, num_clients, dtype=F64)
-        onehot[:, k] = 1
-        return Samples(torch.cat([sig, onehot], 1), y)
-
-    clients = [draw(k, n) for k in range(num_clients)]
-    test = Samples.concat([draw(k, 100) for k in range(num_clients)])
-    return Federation("offset", clients, 2, test=test), test
-
-
 @pytest.mark.slow
 def test_cross_client_pairs_beat_local_pairs_on_client_offsets() -> None:
     """§7.2-A: FeDXL1 − Local Pair ≥ 0.10 test AUROC; FeDXL1 within 0.04 of centralised (61 rounds; the
     spec's 0.02 is for 100).  Measured (seeds 0/1/2): FeDXL1 0.755/0.806/0.804, Local Pair 0.626/0.676/0.636,
     centralised 0.785/0.818/0.815."""
-    fed, test = offset_federation()
+    fed, test = client_offset_federation(8, rows=300, test_rows=100, seed=0)
     model = FunctionalModel(build_model("logreg", (13,), 1))
     kw = {"model": model, "lr": 1.0, "local_steps": 16, "batch_pos": 16, "batch_neg": 16, "score": "identity"}
     results = {}
