@@ -42,7 +42,7 @@ def run(part: str, seed: int, rounds: int) -> dict[str, float]:
         }
     out = {}
     for name, alg in algs.items():
-        data = centralized(fed) if alg.requires_pooled_data else fed
+        data = centralized(fed) if getattr(alg, "requires_pooled_data", False) else fed
         sim = Simulation(alg, data, seed=seed, dtype=torch.float64, executor="vectorized")
         for _ in range(rounds + int(alg.federated_pairs)):  # FeDXL: + the bootstrap round
             sim.step()
