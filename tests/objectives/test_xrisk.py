@@ -117,8 +117,9 @@ def test_bad_xrisk_parameters_are_named() -> None:
     for bound in (0.0, 1.2, -0.1):
         with pytest.raises(FedriskError, match=r"max_fpr = .* is out of range; allowed: \(0.0, 1.0\]"):
             check_xrisk_params(**ok, max_fpr=bound)
-        with pytest.raises(FedriskError, match="max_fpr"):
-            parse_metric(f"pauroc:{bound}")
+        for kind in ("pauroc", "spauroc"):
+            with pytest.raises(FedriskError, match="max_fpr"):
+                parse_metric(f"{kind}:{bound}")
     check_xrisk_params(**ok, max_fpr=1.0)
 
 
@@ -138,3 +139,6 @@ def test_pauc_metric_in_both_conventions(max_fpr: float) -> None:
     assert partial_auroc(s, y, max_fpr, standardized=True) == pytest.approx(mcclish, abs=1e-12)
     sklearn_value = roc_auc_score(y, s, max_fpr=max_fpr)
     assert partial_auroc(s, y, max_fpr, standardized=True) == pytest.approx(sklearn_value, abs=1e-9)
+    # the config names: pauroc (plain) and spauroc (McClish)
+    assert parse_metric(f"pauroc:{max_fpr}")(s, y) == pytest.approx(plain, abs=1e-12)
+    assert parse_metric(f"spauroc:{max_fpr}")(s, y) == pytest.approx(sklearn_value, abs=1e-9)
