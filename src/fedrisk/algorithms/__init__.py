@@ -16,7 +16,9 @@ from fedrisk.algorithms.base import (
 )
 from fedrisk.algorithms.codasca import CODA, CODASCA, NPA, CODAPlus
 from fedrisk.algorithms.fedavg import FedAvg, FedProx
+from fedrisk.algorithms.fedxl import FeDXL1, FeDXL2
 from fedrisk.algorithms.local_only import Centralized, LocalOnly, centralized
+from fedrisk.algorithms.local_pair import CentralizedPair, LocalPair
 from fedrisk.algorithms.scaffold import Scaffold
 from fedrisk.registry import Registry
 
@@ -30,6 +32,10 @@ ALGORITHMS.add("coda", CODA, "CODA: stagewise local primal-dual AUC SGD + pooled
 ALGORITHMS.add("codaplus", CODAPlus, "CODA+: stagewise local primal-dual AUC SGD with prox term (Alg. 1-2)")
 ALGORITHMS.add("npa", NPA, "NPA: CODA+ with I = 1 and local minibatch M (naive parallel PPD-SG)")
 ALGORITHMS.add("codasca", CODASCA, "CODASCA: CODA+ with primal/dual control variates, global step (Alg. 3-4)")
+ALGORITHMS.add("fedxl1", FeDXL1, "FeDXL1: pairwise X-risk (linear f), active/passive split, score pools (Alg. 1)")
+ALGORITHMS.add("fedxl2", FeDXL2, "FeDXL2: compositional X-risk (KL-DRO pAUC), u-table, momentum (Alg. 2-3)")
+ALGORITHMS.add("local_pair", LocalPair, "Local Pair: X-risk of local pairs only, periodic averaging (FeDXL baseline)")
+ALGORITHMS.add("centralized_pair", CentralizedPair, "pairwise SGD / SOX on pooled data (FeDXL's centralised baseline)")
 
 __all__ = [
     "ALGORITHMS",
@@ -39,12 +45,16 @@ __all__ = [
     "Algorithm",
     "CODAPlus",
     "Centralized",
+    "CentralizedPair",
     "ClientResult",
+    "FeDXL1",
+    "FeDXL2",
     "FedAvg",
     "FedInfo",
     "FedProx",
     "LocalData",
     "LocalOnly",
+    "LocalPair",
     "RoundContext",
     "RoundPlan",
     "Scaffold",

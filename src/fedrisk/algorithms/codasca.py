@@ -191,7 +191,7 @@ from fedrisk.algorithms.primal_dual import (
 )
 from fedrisk.autodiff import in_functorch_transform, value_and_grad
 from fedrisk.errors import FedriskError, check_range, unknown_name
-from fedrisk.objectives.auc import DEFAULT_POSITIVE_RATIO, check_ratio
+from fedrisk.objectives.auc import DEFAULT_POSITIVE_RATIO, check_ratio, positive_ratios_from_counts
 from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree, tensor_leaves, tree_add, tree_map, tree_scale, tree_zeros_like
 
@@ -428,30 +428,9 @@ def _positive_ratios(
     name: str, choice: str, given: float | None, num_clients: int, class_counts: tuple[tuple[int, ...], ...]
 ) -> tuple[float, ...]:
     """Every client's ``p`` (memoised: ``init_client`` asks once per client, and ``"global"``
-    needs every client's counts)."""
-    if choice == "given":
-        return (check_ratio(given, name="p"),) * num_clients  # type: ignore[arg-type]
-    if not class_counts:
-        raise FedriskError(
-            f"{name}: positive_ratio = {choice!r} needs integer class labels to count the positives; the "
-            "labels are not integer classes. Use positive_ratio = 'given' with p"
-        )
-    own = []
-    for k, row in enumerate(class_counts):
-        n = sum(row)
-        pos = row[1] if len(row) > 1 else 0
-        ratio = pos / n if n else float("nan")
-        if choice == "client" and not 0 < ratio < 1:
-            raise FedriskError(
-                f"{name}: client {k} has {pos} positives among {n} samples, so its own positive ratio "
-                f"p_{k} = {ratio!r} is outside (0, 1) and its dual term vanishes; use positive_ratio = "
-                "'global' (or 'given') for federations with single-class clients"
-            )
-        own.append(ratio)
-    if choice == "client":
-        return tuple(own)
-    # the mixture (1/K) Σ_k P_k of eq. (1): the mean of the client ratios
-    return (check_ratio(sum(own) / len(own), name="global positive ratio p"),) * num_clients
+    needs every client's counts); the policy itself is :func:`~fedrisk.objectives.auc.positive_ratios_from_counts`."""
+    ratios = positive_ratios_from_counts(choice, class_counts, given=given, name=name)  # type: ignore[arg-type]
+    return ratios if choice != "given" else ratios[:1] * num_clients
 
 
 # ============================================================================================

@@ -10,6 +10,7 @@ Example:
 """
 
 from fedrisk.data.build import build_federation
+from fedrisk.data.chexpert import load_chexpert
 from fedrisk.data.federation import Federation, PartitionReport, Samples
 from fedrisk.data.loaders import (
     DATASETS,
@@ -88,6 +89,7 @@ __all__ = [
     "least_squares_solution",
     "load_adult",
     "load_breast_cancer",
+    "load_chexpert",
     "load_cifar10",
     "load_cifar100",
     "load_compas",

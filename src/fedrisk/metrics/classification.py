@@ -512,7 +512,7 @@ METRICS.add("auroc", auroc, "area under the ROC curve (ties count 1/2)")
 METRICS.add("auprc", auprc, "average precision (area under the precision-recall curve)")
 METRICS.add("log_loss", log_loss, "mean cross-entropy of probabilities, clipped at 1e-15")
 
-_PARAMETRISED = ("pauroc:<max_fpr>", "tpauroc:<max_fpr>,<min_tpr>")
+_PARAMETRISED = ("pauroc:<max_fpr>", "spauroc:<max_fpr>", "tpauroc:<max_fpr>,<min_tpr>")
 
 
 def _parse_floats(text: str, count: int, name: str) -> list[float]:
@@ -533,7 +533,8 @@ def parse_metric(name: str) -> Callable[[ArrayLike, ArrayLike], float]:
     """The metric function ``f(scores, labels) -> float`` named ``name``.
 
     ``name`` is one of :data:`METRICS`' names, ``"pauroc:<max_fpr>"`` (unstandardised
-    :func:`partial_auroc`, e.g. ``"pauroc:0.3"``) or ``"tpauroc:<max_fpr>,<min_tpr>"``
+    :func:`partial_auroc`, e.g. ``"pauroc:0.3"``), ``"spauroc:<max_fpr>"`` (McClish-standardised, as
+    scikit-learn's ``roc_auc_score(max_fpr=...)`` and FeDXL's tables) or ``"tpauroc:<max_fpr>,<min_tpr>"``
     (:func:`two_way_partial_auroc`, e.g. ``"tpauroc:0.5,0.5"``).
 
     Example:
@@ -549,9 +550,13 @@ def parse_metric(name: str) -> Callable[[ArrayLike, ArrayLike], float]:
         (max_fpr,) = _parse_floats(arg, 1, name)
         _check_max_fpr(max_fpr, f"metric {name!r}")
         return functools.partial(partial_auroc, max_fpr=max_fpr)
+    if kind == "spauroc":
+        (max_fpr,) = _parse_floats(arg, 1, name)
+        _check_max_fpr(max_fpr, f"metric {name!r}")
+        return functools.partial(partial_auroc, max_fpr=max_fpr, standardized=True)
     if kind == "tpauroc":
         max_fpr, min_tpr = _parse_floats(arg, 2, name)
         _check_max_fpr(max_fpr, f"metric {name!r}")
         check_range(f"metric {name!r}: min_tpr", min_tpr, 0.0, 1.0, high_inclusive=False)
         return functools.partial(two_way_partial_auroc, max_fpr=max_fpr, min_tpr=min_tpr)
-    raise unknown_name("metric kind", kind, ["pauroc", "tpauroc"])
+    raise unknown_name("metric kind", kind, ["pauroc", "spauroc", "tpauroc"])

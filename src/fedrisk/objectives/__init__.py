@@ -2,6 +2,8 @@
 
 * :mod:`fedrisk.objectives.auc` -- AUC min-max objectives (square loss of eq. (2) of CODA+/CODASCA,
   the AUC-margin form) and their set-up helpers.
+* :mod:`fedrisk.objectives.xrisk` -- deep X-risks of FeDXL: pairwise surrogates, the pairwise AUROC
+  and KL-DRO one-way pAUC forms, the moving-average inner estimator.
 """
 
 from .auc import (

@@ -65,8 +65,10 @@ __all__ = [
     "auc_square_minmax",
     "check_binary_labels",
     "check_ratio",
+    "class_count_pairs",
     "optimal_dual",
     "positive_ratio",
+    "positive_ratios_from_counts",
     "resolve_positive_ratios",
 ]
 
@@ -227,6 +229,90 @@ def positive_ratio(
     return sum(wk * rk for wk, rk in zip(w, ratios)) / sum(w)
 
 
+def class_count_pairs(class_counts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    """``(positives, negatives)`` of every client from per-client class counts.
+
+    ``class_counts[k][c]`` is the number of rows of class ``c`` on client ``k`` (as in
+    :class:`fedrisk.algorithms.base.FedInfo`); class ``1`` is positive, every other class negative.
+    The one place both AUC families (CODA+/CODASCA and FeDXL) turn counts into class sizes.
+
+    Example:
+        >>> class_count_pairs(((3, 1), (4,), (0, 2)))
+        [(1, 3), (0, 4), (2, 0)]
+    """
+    out = []
+    for row in class_counts:
+        pos = int(row[1]) if len(row) > 1 else 0
+        out.append((pos, int(sum(row)) - pos))
+    return out
+
+
+def positive_ratios_from_counts(
+    choice: PositiveRatio,
+    class_counts: Sequence[Sequence[int]],
+    *,
+    given: float | None = None,
+    weights: Sequence[float] | None = None,
+    name: str = "positive ratio",
+) -> tuple[float, ...]:
+    """One validated ``p`` per client from per-client class counts (see :data:`PositiveRatio`).
+
+    The single implementation of the positive-ratio policy: :func:`resolve_positive_ratios`
+    (label tensors) and the CODA+/CODASCA family (``FedInfo.class_counts``) both call it.
+
+    Args:
+        choice: ``"global"`` (mixture ratio: the ``weights``-weighted mean of the client ratios,
+            equal weights by default as in eq. (1)), ``"client"`` or ``"given"``.
+        class_counts: ``class_counts[k][c]``; may be empty for ``"given"``.
+        given: the constant of ``"given"``.
+        name: prefix of the error messages (e.g. the algorithm's name).
+
+    Raises:
+        FedriskError: a ratio outside (0, 1), a missing ``given``, missing counts, an unknown choice.
+
+    Example:
+        >>> positive_ratios_from_counts("global", ((3, 1), (1, 3)))
+        (0.5, 0.5)
+        >>> positive_ratios_from_counts("client", ((3, 1), (1, 3)))
+        (0.25, 0.75)
+    """
+    if choice not in ("global", "client", "given"):
+        raise FedriskError(f"unknown positive ratio choice {choice!r}. Valid choices: client, given, global")
+    if choice == "given":
+        if given is None:
+            raise FedriskError(f"{name}: positive ratio choice 'given' needs a value p in (0, 1)")
+        return (check_ratio(given, name="p"),) * max(1, len(class_counts))
+    if given is not None:
+        raise FedriskError("positive ratio 'given' value is only used with choice='given'")
+    if not class_counts:
+        raise FedriskError(
+            f"{name}: positive_ratio = {choice!r} needs integer class labels to count the positives; the "
+            "labels are not integer classes. Use positive_ratio = 'given' with p"
+        )
+    own = []
+    for k, (pos, neg) in enumerate(class_count_pairs(class_counts)):
+        n = pos + neg
+        ratio = pos / n if n else float("nan")
+        if choice == "client" and not 0 < ratio < 1:
+            raise FedriskError(
+                f"{name}: client {k} has {pos} positives among {n} samples, so its own positive ratio "
+                f"p_{k} = {ratio!r} is outside (0, 1) and its dual term vanishes; use positive_ratio = "
+                "'global' (or 'given') for federations with single-class clients"
+            )
+        own.append(ratio)
+    if choice == "client":
+        return tuple(own)
+    if weights is None:
+        w = [1.0] * len(own)
+    else:
+        w = [float(x) for x in weights]
+        if len(w) != len(own) or any(not math.isfinite(x) or x < 0 for x in w) or sum(w) <= 0:
+            raise FedriskError(f"{name}: need one finite weight >= 0 per client, not all 0; got {w}")
+    # the mixture (1/K) Σ_k P_k of eq. (1): the (weighted) mean of the client ratios
+    p = sum(wk * rk for wk, rk in zip(w, own)) / sum(w)
+    return (check_ratio(p, name="global positive ratio p"),) * len(own)
+
+
 def resolve_positive_ratios(
     choice: PositiveRatio,
     client_labels: Sequence[Tensor],
@@ -235,6 +321,8 @@ def resolve_positive_ratios(
     weights: Sequence[float] | None = None,
 ) -> list[float]:
     """One validated ``p`` per client, according to ``choice`` (see :data:`PositiveRatio`).
+
+    Validates the labels, counts them and applies :func:`positive_ratios_from_counts`.
 
     Args:
         choice: ``"global"`` (recommended), ``"client"`` or ``"given"``.
@@ -256,27 +344,19 @@ def resolve_positive_ratios(
         [0.1, 0.1]
     """
     clients = list(client_labels)
-    if choice == "global":
-        if given is not None:
-            raise FedriskError("positive ratio 'given' value is only used with choice='given'")
-        p = check_ratio(positive_ratio(clients, weights=weights), name="global positive ratio p")
-        return [p] * len(clients)
-    if choice == "client":
-        if given is not None:
-            raise FedriskError("positive ratio 'given' value is only used with choice='given'")
-        out = []
-        for k, y in enumerate(clients):
-            out.append(check_ratio(positive_ratio(y), name=f"positive ratio p of client {k}"))
-        return out
-    if choice == "given":
-        if given is None:
-            raise FedriskError("positive ratio choice 'given' needs a value p in (0, 1)")
-        for k, y in enumerate(clients):
-            check_binary_labels(y, name=f"client {k} labels")
-        return [check_ratio(given)] * len(clients)
-    raise FedriskError(
-        f"unknown positive ratio choice {choice!r}. Valid choices: client, given, global"
-    )
+    if weights is not None and len(weights) != len(clients):
+        raise FedriskError(
+            f"positive_ratio: got {len(weights)} weights for {len(clients)} clients; need one weight per client"
+        )
+    counts = []
+    for k, y in enumerate(clients):
+        if not isinstance(y, Tensor):
+            raise FedriskError(f"client {k} labels must be a tensor; got {type(y).__name__}")
+        check_binary_labels(y, name=f"client {k} labels")
+        pos = int((y.detach() == 1).sum().item())
+        counts.append((y.numel() - pos, pos))
+    ratios = positive_ratios_from_counts(choice, counts, given=given, weights=weights, name="positive ratio")
+    return list(ratios[:1] * len(clients)) if choice == "given" else list(ratios)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,451 @@
+"""FeDXL1 / FeDXL2 / Local Pair / centralised pairwise: exact checks of spec §7.1 and short runs of §7.2."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+from fedrisk.aggregators.base import InMemoryReplies
+from fedrisk.algorithms import ALGORITHMS
+from fedrisk.algorithms.base import FedInfo, LocalData, RoundContext, RoundPlan
+from fedrisk.algorithms.fedxl import BOOTSTRAP, FeDXL1, FeDXL2, SingleClassClientWarning
+from fedrisk.algorithms.local_only import centralized
+from fedrisk.algorithms.local_pair import CentralizedPair, LocalPair
+from fedrisk.data.client_offsets import client_offset_federation
+from fedrisk.data.federation import Federation, Samples
+from fedrisk.errors import FedriskError
+from fedrisk.metrics.classification import auroc
+from fedrisk.models import FunctionalModel, build_model
+from fedrisk.objectives.xrisk import inner_loss
+from fedrisk.runtime.simulation import Simulation
+
+F64 = torch.float64
+D = 3
+
+
+def linear() -> FunctionalModel:
+    return FunctionalModel(build_model("logreg", (D,), 1))
+
+
+def small_fed(num_clients: int = 3, pos: int = 2, neg: int = 3, seed: int = 0) -> Federation:
+    g = torch.Generator().manual_seed(seed)
+    clients = []
+    for k in range(num_clients):
+        y = torch.tensor([1] * pos + [0] * neg)
+        clients.append(Samples(torch.randn(pos + neg, D, generator=g, dtype=F64) + 0.5 * y[:, None] + 0.3 * k, y))
+    return Federation("small", clients, 2)
+
+
+def info(fed: Federation) -> FedInfo:
+    counts = tuple(tuple(int((c.y == j).sum()) for j in range(2)) for c in fed.clients)
+    return FedInfo(fed.num_clients, tuple(len(c.y) for c in fed.clients), 2, counts)
+
+
+def local(s: Samples) -> LocalData:
+    return LocalData(s.x, s.y, torch.tensor(len(s.y)))
+
+
+def flat(tree: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([v.reshape(-1) for v in tree.values()])
+
+
+# ---------------------------------------------------------------------------------------------
+# §7.1-2: zero-latency unbiasedness, by exact enumeration, through the algorithm's own code path
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [FeDXL1, FeDXL2])
+def test_expected_step_is_the_local_gradient_at_zero_latency(cls: type) -> None:
+    """E[G1 + G2] = ∇F_i(w) = Δ_i1 + Δ_i2 when the pools hold every client's current scores.
+
+    K = 1, B1 = B2 = 1, linear f; every (own positive, own negative, passive negative, passive
+    positive) combination is enumerated through ``draws``.  With the buffers swapped (G1 paired
+    with passive *positives*) the expectation is a different vector and this test fails.
+    """
+    fed = small_fed(num_clients=2)
+    model = linear()
+    kw = {
+        "model": model,
+        "lr": 1.0,
+        "local_steps": 1,
+        "batch_pos": 1,
+        "batch_neg": 1,
+        "score": "identity",
+        "passive_sampling": "with_replacement",
+        "surrogate": "square",
+    }
+    alg = cls(**kw, xrisk="auc", beta=1.0) if cls is FeDXL2 else cls(**kw)
+    w = {k: v.to(F64) for k, v in model.init_params(torch.Generator().manual_seed(5)).items()}
+    w = {k: v + 0.3 for k, v in w.items()}
+    pos = [c.x[c.y == 1] for c in fed.clients]
+    neg = [c.x[c.y == 0] for c in fed.clients]
+    with torch.no_grad():
+        pool_pos = torch.cat([alg.scores(w, x) for x in pos])  # equal counts per client: uniform = eq. (3)
+        pool_neg = torch.cat([alg.scores(w, x) for x in neg])
+    i = 0
+    ctx = RoundContext(1, info(fed))
+    payload: dict[str, Any] = {"params": w, "pool_pos": pool_pos, "pool_neg": pool_neg}
+    if cls is FeDXL2:
+        payload["momentum"] = {k: torch.zeros_like(v) for k, v in w.items()}
+    n1, n2, P1, P2 = len(pos[i]), len(neg[i]), len(pool_pos), len(pool_neg)
+    mid = lambda j, n: torch.tensor([[(j + 0.5) / n]], dtype=F64)  # noqa: E731
+    total, count = torch.zeros_like(flat(w)), 0
+    for p, q, xi, zeta in itertools.product(range(n1), range(n2), range(P2), range(P1)):
+        draws = {"pos": mid(p, n1), "neg": mid(q, n2), "keys_neg": mid(xi, P2), "keys_pos": mid(zeta, P1)}
+        reply = alg.client_update(ctx, payload, {}, local(fed.clients[i]), draws).reply
+        total += flat(w) - flat(reply["params"])  # lr = 1: the step is G1 + G2
+        count += 1
+    expected = total / count
+
+    wr = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+    a, b = alg.scores(wr, pos[i]), alg.scores(wr, neg[i])
+    delta1 = inner_loss("auc", "square", a, pool_neg).mean()  # own positives x all negatives (passive)
+    delta2 = inner_loss("auc", "square", pool_pos, b).mean()  # all positives (passive) x own negatives
+    want = flat(dict(zip(wr, torch.autograd.grad(delta1 + delta2, list(wr.values())))))
+    assert torch.allclose(expected, want, rtol=1e-10, atol=1e-12), (expected, want)
+
+
+def test_one_client_one_step_is_pairwise_sgd_with_previous_iterate_scores() -> None:
+    """§7.1-9: N = 1, K = 1: the update is centralised pairwise SGD against the stored scores."""
+    fed = small_fed(num_clients=1, pos=3, neg=4)
+    alg = FeDXL1(model=linear(), lr=0.5, local_steps=1, batch_pos=3, batch_neg=4, surrogate="sigmoid")
+    sim = Simulation(alg, fed, seed=1, dtype=F64)
+    sim.step()  # bootstrap: scores with w0
+    x_pos, x_neg = fed.clients[0].x[:3], fed.clients[0].x[3:]
+    for _ in range(3):
+        w = dict(sim.server_state["params"])
+        stored_pos, stored_neg = sim.server_state["pool_pos"], sim.server_state["pool_neg"]  # previous iterate's
+        sim.step()
+        # this round's uploads are h(w, z) of the drawn rows at the round's start w: recover the rows from them
+        with torch.no_grad():
+            s_pos, s_neg = alg.scores(w, x_pos), alg.scores(w, x_neg)
+        idx_p = [int(torch.argmin((s_pos - s).abs())) for s in sim.server_state["pool_pos"].tolist()]
+        idx_n = [int(torch.argmin((s_neg - s).abs())) for s in sim.server_state["pool_neg"].tolist()]
+        wr = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+        a, b = alg.scores(wr, x_pos)[idx_p], alg.scores(wr, x_neg)[idx_n]
+        # K·B = the whole pool, without replacement: every stored score is used once, in some order
+        loss = inner_loss("auc", "sigmoid", a, stored_neg).mean() + inner_loss("auc", "sigmoid", stored_pos, b).mean()
+        grads = torch.autograd.grad(loss, list(wr.values()))
+        want = torch.cat([(w[k] - 0.5 * gk).reshape(-1) for k, gk in zip(w, grads)])
+        assert torch.allclose(flat(sim.server_state["params"]), want, rtol=1e-10, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# pools: joint shuffle, merge order, single-class clients, bounded memory, communication
+# ---------------------------------------------------------------------------------------------
+
+
+def test_joint_shuffle_keeps_each_score_with_its_u() -> None:
+    alg = FeDXL2(model=linear(), local_steps=4, batch_pos=3, batch_neg=2)
+    pool_pos = torch.arange(40, dtype=F64) * 0.01
+    payload = {"pool_pos": pool_pos, "pool_neg": torch.rand(30, dtype=F64), "pool_u": 1 + 100 * pool_pos}
+    g = torch.Generator().manual_seed(0)
+    draws = {"keys_pos": torch.rand(64, generator=g, dtype=F64), "keys_neg": torch.rand(64, generator=g, dtype=F64)}
+    neg, pos, u = alg.passive_scores(payload, draws)
+    assert pos.shape == (4, 3) and neg.shape == (4, 2)
+    assert torch.allclose(u, 1 + 100 * pos, atol=1e-12)
+    assert len(set(pos.reshape(-1).tolist())) == 12  # without replacement: 12 distinct entries
+
+
+def test_server_merges_pools_in_client_order_and_drops_missing_classes() -> None:
+    alg = FeDXL2(model=linear(), local_steps=1, batch_pos=2, batch_neg=2)
+    fed_info = FedInfo(3, (4, 3, 4), 2, ((2, 2), (3, 0), (2, 2)))  # client 1: no positives
+    replies = {
+        k: {
+            "params": {"w": torch.full((1,), float(k))},
+            "momentum": {"w": torch.full((1,), 2.0 * k)},
+            "h_pos": torch.tensor([10.0 * k, 10.0 * k + 1]),
+            "h_neg": torch.tensor([-10.0 * k, -10.0 * k - 1]),
+            "u_pos": torch.tensor([100.0 * k, 100.0 * k + 1]),
+        }
+        for k in range(3)
+    }
+    ctx = RoundContext(1, fed_info)
+    state = alg.aggregate(ctx, {"params": {}, "momentum": {}}, RoundPlan([0, 1, 2]), InMemoryReplies(replies), None)
+    assert state["pool_pos"].tolist() == [0.0, 1.0, 20.0, 21.0]
+    assert state["pool_u"].tolist() == [0.0, 1.0, 200.0, 201.0]  # U in H_1's order, client 1 dropped from both
+    assert state["pool_neg"].tolist() == [0.0, -1.0, -10.0, -11.0, -20.0, -21.0]
+    assert state["params"]["w"].tolist() == [1.0] and state["momentum"]["w"].tolist() == [2.0]
+
+
+@pytest.mark.parametrize("history", [1, 2])
+def test_pools_never_grow_and_communication_is_counted(history: int) -> None:
+    fed = small_fed(num_clients=3)
+    K, B1, B2, N = 2, 3, 2, 3
+    alg = FeDXL2(model=linear(), local_steps=K, batch_pos=B1, batch_neg=B2, history=history)
+    sim = Simulation(alg, fed, seed=0, dtype=F64)
+    d = 4 * 8  # logreg: 3 weights + 1 bias, float64
+    reports = [sim.step() for _ in range(5)]
+    sizes = [N * K * B1 * min(r, history) for r in range(1, 6)]
+    assert reports[0].kind == BOOTSTRAP
+    for r, report in enumerate(reports[1:], start=1):
+        assert sim.server_state["pool_pos"].shape[0] <= history * N * K * B1
+        # upload per client: w, G (2d) + H1, H2, U (K(2 B1 + B2)) floats
+        assert report.bytes_up == N * (2 * d + 8 * K * (2 * B1 + B2))
+        # download: w̄, Ḡ + the merged pools of the previous round(s)
+        assert report.bytes_down == N * (2 * d + 8 * sizes[r - 1] * 2 + 8 * sizes[r - 1] * B2 // B1)
+    assert sim.server_state["pool_pos"].shape[0] == history * N * K * B1
+    assert reports[0].bytes_up == N * 8 * K * (2 * B1 + B2) and reports[0].bytes_down == N * d
+    one = Simulation(FeDXL1(model=linear(), local_steps=K, batch_pos=B1, batch_neg=B2), fed, seed=0, dtype=F64)
+    one.step()
+    report = one.step()  # FeDXL1: d + K(B1 + B2) up, d + N K (B1 + B2) down
+    assert report.bytes_up == N * (d + 8 * K * (B1 + B2))
+    assert report.bytes_down == N * (d + 8 * N * K * (B1 + B2))
+
+
+def test_averaging_and_momentum() -> None:
+    """All clients start from w̄ and Ḡ; the server holds their means; G = (1−β) Ḡ + β (G1 + G2)."""
+    fed = small_fed(num_clients=3)
+    beta = 0.3
+    kw = {
+        "model": linear(),
+        "lr": 0.2,
+        "local_steps": 1,
+        "batch_pos": 2,
+        "batch_neg": 3,
+        "xrisk": "auc",
+        "surrogate": "sigmoid",
+    }
+    sim = Simulation(FeDXL2(**kw, beta=beta), fed, seed=4, dtype=F64)
+    sim.step()
+    sim.step()  # Ḡ is now non-zero
+    state = sim.server_state
+    alg = sim.algorithm
+    ctx = RoundContext(2, info(fed))
+    payload = {k: state[k] for k in ("params", "momentum", "pool_pos", "pool_neg")}
+    g = torch.Generator().manual_seed(9)
+    draws = {
+        "pos": torch.rand(1, 2, generator=g, dtype=F64),
+        "neg": torch.rand(1, 3, generator=g, dtype=F64),
+        "keys_pos": torch.rand(18, generator=g, dtype=F64),
+        "keys_neg": torch.rand(27, generator=g, dtype=F64),
+    }
+    replies = {k: alg.client_update(ctx, payload, {}, local(c), draws).reply for k, c in enumerate(fed.clients)}
+    plain = FeDXL2(**kw, beta=1.0)
+    p_payload = {**payload, "momentum": {k: torch.zeros_like(v) for k, v in payload["momentum"].items()}}
+    for k, c in enumerate(fed.clients):
+        step = plain.client_update(ctx, p_payload, {}, local(c), draws).reply
+        g_k = (flat(payload["params"]) - flat(step["params"])) / 0.2  # G1 + G2 of client k
+        G = (1 - beta) * flat(payload["momentum"]) + beta * g_k
+        assert torch.allclose(flat(replies[k]["momentum"]), G, atol=1e-12)
+        assert torch.allclose(flat(replies[k]["params"]), flat(payload["params"]) - 0.2 * G, atol=1e-12)
+    new = alg.aggregate(ctx, state, RoundPlan([0, 1, 2]), InMemoryReplies(replies), None)
+    mean = lambda key: torch.stack([flat(r[key]) for r in replies.values()]).mean(0)  # noqa: E731
+    assert torch.allclose(flat(new["params"]), mean("params"), atol=1e-14)
+    assert torch.allclose(flat(new["momentum"]), mean("momentum"), atol=1e-14)
+
+
+def test_u_tracks_the_inner_mean_and_stays_at_least_one() -> None:
+    """§7.1-4: with w (almost) fixed, u(z) -> g(w, z, S2) (equal client weights), u >= 1 throughout."""
+    fed = small_fed(num_clients=3, pos=2, neg=6)
+    alg = FeDXL2(model=linear(), lr=1e-12, local_steps=40, batch_pos=2, batch_neg=6, gamma=0.1, lam=0.5)
+    sim = Simulation(alg, fed, seed=2, dtype=F64)
+    for _ in range(9):
+        sim.step()
+        assert all(float(s["u"].min()) >= 1.0 for s in sim.client_states.values())
+    w = sim.server_state["params"]
+    with torch.no_grad():
+        for k, c in enumerate(fed.clients):
+            a = alg.scores(w, c.x[c.y == 1])
+            g = torch.stack(
+                [
+                    inner_loss("pauc", "squared_hinge", a, alg.scores(w, o.x[o.y == 0]), lam=0.5).mean(1)
+                    for o in fed.clients
+                ]
+            ).mean(0)
+            u = sim.client_states[k]["u"][c.y == 1]
+            assert torch.all((u - g).abs() / g < 0.05), (u, g)  # ~8 rounds x 40 steps: ~320 visits per row
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input and single-class clients
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "needle"),
+    [
+        (FeDXL2, {"lam": 0.0}, r"lam = 0.0 is out of range; allowed: \(0.0, inf\)"),
+        (FeDXL2, {"lam": -2.0}, "lam = -2.0 is out of range"),
+        (FeDXL2, {"beta": 0.0}, r"beta = 0.0 is out of range; allowed: \(0.0, 1.0\]"),
+        (FeDXL2, {"beta": 1.1}, "beta = 1.1 is out of range"),
+        (FeDXL2, {"gamma": 0.0}, "gamma = 0.0 is out of range"),
+        (LocalPair, {"beta": 2.0}, "beta = 2.0 is out of range"),
+        (FeDXL1, {"surrogate": "hinge"}, "unknown surrogate 'hinge'"),
+        (FeDXL1, {"passive_sampling": "fifo"}, "unknown passive_sampling 'fifo'"),
+        (FeDXL1, {"history": 0}, "history = 0 is out of range"),
+        (FeDXL1, {"upload": 10_000}, "upload = 10000 exceeds"),
+        (FeDXL2, {"u_init": 0.0}, "u_init = 0.0 is out of range"),
+        (FeDXL1, {"local_steps": 0}, "local_steps = 0 is out of range"),
+    ],
+)
+def test_bad_hyper_parameters_are_named(cls: type, kwargs: dict, needle: str) -> None:
+    with pytest.raises(FedriskError, match=needle):
+        cls(model=None, **kwargs)
+
+
+def test_a_pool_request_larger_than_the_pool() -> None:
+    fed = small_fed(num_clients=2)
+    alg = FeDXL1(model=linear(), local_steps=4, batch_pos=2, batch_neg=2, upload=3)
+    with pytest.raises(
+        FedriskError,
+        match=r"requests K·B = 8 passive positive scores without replacement, but the "
+        r"pool may hold only 2 client\(s\) x 3 = 6",
+    ):
+        Simulation(alg, fed, seed=0)
+    ok = FeDXL1(model=linear(), local_steps=4, batch_pos=2, batch_neg=2, upload=3, passive_sampling="with_replacement")
+    sim = Simulation(ok, fed, seed=0, dtype=F64)
+    for _ in range(3):
+        sim.step()
+    assert sim.server_state["pool_pos"].shape == (6,)
+    small = {
+        "params": sim.server_state["params"],
+        "pool_pos": torch.zeros(5, dtype=F64),
+        "pool_neg": torch.zeros(8, dtype=F64),
+    }
+    draws = {"keys_pos": torch.rand(64, dtype=F64), "keys_neg": torch.rand(64, dtype=F64)}
+    with pytest.raises(FedriskError, match=r"the pool holds 5 pos scores but a round takes K·B = 8 without"):
+        FeDXL1(model=linear(), local_steps=4, batch_pos=2, batch_neg=2).passive_scores(small, draws)
+
+
+def label_skew(num_clients: int = 6, n: int = 40, seed: int = 0) -> tuple[Federation, Samples]:
+    """Half the clients hold only positives, half only negatives (spec §7.2-E); x ~ N(±0.75 e1, I)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def draw(y: torch.Tensor) -> Samples:
+        x = torch.randn(len(y), D, generator=g, dtype=F64)
+        x[:, 0] += 1.5 * (y.to(F64) - 0.5)
+        return Samples(x, y)
+
+    clients = [draw(torch.full((n,), k % 2, dtype=torch.long)) for k in range(num_clients)]
+    test = draw(torch.arange(400) % 2)
+    return Federation("skew", clients, 2, test=test), test
+
+
+def test_single_class_clients_fedxl_learns_local_pair_cannot() -> None:
+    fed, test = label_skew()
+    kw = {"model": linear(), "lr": 0.5, "local_steps": 4, "batch_pos": 4, "batch_neg": 4, "surrogate": "sigmoid"}
+    with pytest.warns(
+        SingleClassClientWarning,
+        match=r"client 0 has no positive examples \(40 samples\)\. It still "
+        r"trains on the cross-client pairs",
+    ):
+        fedxl = Simulation(FeDXL1(**kw, score="identity"), fed, seed=0, dtype=F64)
+    with pytest.warns(SingleClassClientWarning, match="client 1 has no negative examples .* it has no local pairs"):
+        pair = Simulation(LocalPair(**kw, score="identity"), fed, seed=0, dtype=F64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SingleClassClientWarning)
+        fed2 = Simulation(FeDXL2(**{**kw, "surrogate": "squared_hinge"}, lam=1.0), fed, seed=0, dtype=F64)
+    w0 = flat(pair.server_state["params"])
+    for _ in range(15):
+        fedxl.step()
+        pair.step()
+        fed2.step()
+    assert torch.equal(flat(pair.server_state["params"]), w0)  # no pairs anywhere: Local Pair never moves
+    for sim in (fedxl, fed2):
+        scores = sim.algorithm.predict(sim.server_state["params"], test.x)
+        assert auroc(scores.numpy(), test.y.numpy()) >= 0.8
+
+
+def test_bad_federations_are_refused() -> None:
+    fed = small_fed(num_clients=2)
+    three = Federation("three", [Samples(c.x, c.y + 1) for c in fed.clients], 3)
+    with pytest.raises(FedriskError, match=r"binary labels .* got num_classes = 3"):
+        Simulation(FeDXL1(model=linear()), three, seed=0)
+    negatives = Federation("neg", [c.subset(torch.nonzero(c.y == 0).flatten()) for c in fed.clients], 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SingleClassClientWarning)
+        with pytest.raises(FedriskError, match="the federation has no positive training examples"):
+            Simulation(FeDXL2(model=linear()), negatives, seed=0)
+    with pytest.raises(FedriskError, match="needs a federation with exactly 1 client"):
+        Simulation(CentralizedPair(model=linear()), fed, seed=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# partial participation (Alg. 3), registration, a short behavioural run (spec §7.2-A)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_partial_participation_updates_only_the_participants() -> None:
+    fed = small_fed(num_clients=5)
+    alg = FeDXL2(model=linear(), local_steps=2, batch_pos=2, batch_neg=2, clients_per_round=2)
+    sim = Simulation(alg, fed, seed=3, dtype=F64)
+    first = sim.step()
+    assert first.clients == [0, 1, 2, 3, 4]  # every client's H^0, U^0 (Alg. 3)
+    for _ in range(4):
+        before = {k: s["u"].clone() for k, s in sim.client_states.items()}
+        report = sim.step()
+        assert len(report.clients) == 2
+        assert sim.server_state["pool_pos"].shape == (2 * 2 * 2,)  # participants only
+        for k, s in sim.client_states.items():
+            if k not in report.clients:
+                assert torch.equal(s["u"], before[k])  # skipped clients: no steps, no u update
+
+
+def test_registered() -> None:
+    for name in ("fedxl1", "fedxl2", "local_pair", "centralized_pair"):
+        assert name in ALGORITHMS.names()
+    assert CentralizedPair.requires_pooled_data and not LocalPair.federated_pairs
+
+
+@pytest.mark.slow
+def test_cross_client_pairs_beat_local_pairs_on_client_offsets() -> None:
+    """§7.2-A: FeDXL1 − Local Pair ≥ 0.10 test AUROC; FeDXL1 within 0.04 of centralised (61 rounds; the
+    spec's 0.02 is for 100).  Measured (seeds 0/1/2): FeDXL1 0.755/0.806/0.804, Local Pair 0.626/0.676/0.636,
+    centralised 0.785/0.818/0.815."""
+    fed, test = client_offset_federation(8, rows=300, test_rows=100, seed=0)
+    model = FunctionalModel(build_model("logreg", (13,), 1))
+    kw = {"model": model, "lr": 1.0, "local_steps": 16, "batch_pos": 16, "batch_neg": 16, "score": "identity"}
+    results = {}
+    for name, alg, data in (
+        ("fedxl1", FeDXL1(**kw), fed),
+        ("local_pair", LocalPair(**kw), fed),
+        ("central", CentralizedPair(**kw), centralized(fed)),
+    ):
+        sim = Simulation(alg, data, seed=0, dtype=F64)
+        for _ in range(61):
+            sim.step()
+        results[name] = auroc(alg.predict(sim.server_state["params"], test.x).numpy(), test.y.numpy())
+    assert results["fedxl1"] - results["local_pair"] >= 0.10, results
+    assert abs(results["fedxl1"] - results["central"]) <= 0.04, results
+    assert math.isfinite(results["central"])
+
+
+def test_vectorized_executor_matches_sequential_with_options() -> None:
+    """history = 2, a reduced upload, partial participation, unequal clients and a client without
+    positives: the vectorised executor reproduces the sequential run (float64)."""
+    from fedrisk.runtime.vectorized import VectorizedExecutor
+
+    fed = small_fed(num_clients=4, pos=3, neg=4)
+    no_pos = fed.clients[2].subset(torch.nonzero(fed.clients[2].y == 0).flatten())
+    fed = Federation("mixed", [fed.clients[0], fed.clients[1], no_pos, fed.clients[3]], 2)
+    alg = FeDXL2(
+        model=linear(),
+        local_steps=3,
+        batch_pos=2,
+        batch_neg=2,
+        history=2,
+        upload=4,
+        clients_per_round=3,
+        passive_sampling="with_replacement",
+    )
+    runs = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SingleClassClientWarning)
+        for executor in ("sequential", VectorizedExecutor(block_size=None)):
+            sim = Simulation(alg, fed, seed=5, dtype=F64, executor=executor)
+            runs.append((sim, [sim.step() for _ in range(5)]))
+    (a, ra), (b, rb) = runs
+    assert [r.clients for r in ra] == [r.clients for r in rb]
+    assert [(r.bytes_down, r.bytes_up) for r in ra] == [(r.bytes_down, r.bytes_up) for r in rb]
+    for key in ("pool_pos", "pool_neg", "pool_u", "sizes_pos"):
+        assert torch.allclose(a.server_state[key].to(F64), b.server_state[key].to(F64), rtol=1e-9, atol=1e-12), key
+    assert torch.allclose(flat(a.server_state["params"]), flat(b.server_state["params"]), rtol=1e-9, atol=1e-12)
+    for k in range(4):
+        assert torch.allclose(a.client_states[k]["u"], b.client_states[k]["u"], rtol=1e-9, atol=1e-12)
+    assert a.server_state["pool_pos"].shape[0] <= 2 * 3 * 4  # τ rounds x participants x upload
