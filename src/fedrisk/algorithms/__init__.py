@@ -16,8 +16,10 @@ from fedrisk.algorithms.base import (
 )
 from fedrisk.algorithms.codasca import CODA, CODASCA, NPA, CODAPlus
 from fedrisk.algorithms.fedavg import FedAvg, FedProx
+from fedrisk.algorithms.fessgda import FESSGDA, FESSGDARegularized
 from fedrisk.algorithms.local_only import Centralized, LocalOnly, centralized
 from fedrisk.algorithms.scaffold import Scaffold
+from fedrisk.algorithms.sgda import FSGDA, SAGDA, FedNormSGDA, FedNormSGDAPlus, LocalSGDA, LocalSGDAPlus
 from fedrisk.registry import Registry
 
 ALGORITHMS: Registry = Registry("algorithm")
@@ -30,21 +32,38 @@ ALGORITHMS.add("coda", CODA, "CODA: stagewise local primal-dual AUC SGD + pooled
 ALGORITHMS.add("codaplus", CODAPlus, "CODA+: stagewise local primal-dual AUC SGD with prox term (Alg. 1-2)")
 ALGORITHMS.add("npa", NPA, "NPA: CODA+ with I = 1 and local minibatch M (naive parallel PPD-SG)")
 ALGORITHMS.add("codasca", CODASCA, "CODASCA: CODA+ with primal/dual control variates, global step (Alg. 3-4)")
+# federated minimax (paper 001): fair classification over classes / groups, 1-D WGAN, NC-SC quadratic game
+ALGORITHMS.add("fessgda", FESSGDA, "FESS-GDA: local SGDA + server-side smoothing toward z (Alg. 1)")
+ALGORITHMS.add("fessgda_ncc", FESSGDARegularized, "FESS-GDA on f - eps/(4D)||y - y0||^2 (Thm 3.3, general NC-C)")
+ALGORITHMS.add("local_sgda", LocalSGDA, "Local SGDA: K local simultaneous SGDA steps, plain averaging")
+ALGORITHMS.add("local_sgda_plus", LocalSGDAPlus, "Local SGDA+: y-steps at a snapshot x refreshed every S rounds")
+ALGORITHMS.add("fsgda", FSGDA, "FSGDA: Local SGDA with global step sizes eta_g")
+ALGORITHMS.add("fed_norm_sgda", FedNormSGDA, "Fed-Norm-SGDA: normalised client updates, global step sizes")
+ALGORITHMS.add("fed_norm_sgda_plus", FedNormSGDAPlus, "Fed-Norm-SGDA+: Fed-Norm-SGDA with a snapshot x for y-steps")
+ALGORITHMS.add("sagda", SAGDA, "SAGDA: FSGDA with sampled-client gradient control variates (2 rounds/iter)")
 
 __all__ = [
     "ALGORITHMS",
     "CODA",
     "CODASCA",
+    "FESSGDA",
+    "FSGDA",
     "NPA",
+    "SAGDA",
     "Algorithm",
     "CODAPlus",
     "Centralized",
     "ClientResult",
+    "FESSGDARegularized",
     "FedAvg",
     "FedInfo",
+    "FedNormSGDA",
+    "FedNormSGDAPlus",
     "FedProx",
     "LocalData",
     "LocalOnly",
+    "LocalSGDA",
+    "LocalSGDAPlus",
     "RoundContext",
     "RoundPlan",
     "Scaffold",

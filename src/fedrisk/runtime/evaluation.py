@@ -76,6 +76,9 @@ def evaluate(
             if split is not None:
                 for m, v in score_split(algorithm, params, split, metrics).items():
                     out[f"{name}_{m}"] = v
+    state_metrics = getattr(algorithm, "state_metrics", None)
+    if state_metrics is not None:
+        out.update(state_metrics(server_state, federation))
     personal = algorithm.personalized if personal is None else personal
     if personal and federation.client_tests is not None:
         per_client: dict[str, list[float]] = {m: [] for m in metrics}
