@@ -130,3 +130,19 @@ def test_quadratic_game_gradient_of_phi_is_exact() -> None:
     phi = quadratic_game(x, y_star, b[None], a, c, mu)  # Φ(x) = f(x, y*(x))
     (grad,) = torch.autograd.grad(phi, x)
     torch.testing.assert_close(grad, quadratic_grad_phi(x.detach(), a, b, c, mu), rtol=1e-12, atol=1e-12)
+
+
+def test_wgan_closed_form_directions_equal_autograd() -> None:
+    from fedrisk.objectives.minimax import wgan_affine_directions
+
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn(100, generator=g, dtype=F64)
+    real = 0.1 * z
+    leaves = [torch.tensor(v, dtype=F64, requires_grad=True) for v in (0.7, 1.3)]
+    phi = torch.randn(2, generator=g, dtype=F64, requires_grad=True)
+    value = wgan_objective(real, leaves[0] + leaves[1] * z, phi, 0.005)
+    auto = torch.autograd.grad(value, [*leaves, phi])
+    mu, sigma = (leaf.detach() for leaf in leaves)
+    f, g_mu, g_sigma, g_phi = wgan_affine_directions(mu, sigma, z, real, phi.detach(), 0.005)
+    for got, want in zip((f, g_mu, g_sigma, g_phi), (value.detach(), *auto)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)

@@ -86,6 +86,7 @@ from fedrisk.objectives.minimax import (
     quadratic_game,
     quadratic_grad_phi,
     weighted_group_loss,
+    wgan_affine_directions,
     wgan_objective,
 )
 from fedrisk.rng import ClientRNG
@@ -100,6 +101,7 @@ __all__ = [
     "LocalSGDA",
     "LocalSGDAPlus",
     "check_finite_state",
+    "flat_directions",
     "per_sample_cross_entropy",
     "quadratic_matrix",
 ]
@@ -153,6 +155,28 @@ def check_finite_state(name: str, round: int, state: Mapping[str, Any], what: Ma
                 f"{name} diverged in round {round}: {label} became NaN/inf; lower the learning rates "
                 "(the last good checkpoint is kept)"
             )
+
+
+def flat_directions(fn: Callable[[int, Tree, Tensor], tuple[Tensor, Tree, Tensor]], x: Tree, y: Tensor) -> Directions:
+    """:func:`~fedrisk.algorithms.primal_dual.tree_directions` with a fast path for a flat dict ``x``
+    (every model's parameters) and a tensor ``y``: no pytree work per local step.
+
+    Example:
+        >>> import torch
+        >>> game = lambda t, x, y: (y[0] * x["w"], {"w": y[0]}, x["w"])  # f = y w
+        >>> d = flat_directions(game, {"w": torch.ones(1)}, torch.ones(1))
+        >>> d(0, [torch.tensor([2.0])], [torch.tensor([3.0])])[1:]
+        ([tensor(3.)], [tensor([2.])])
+    """
+    if type(x) is not dict or not isinstance(y, Tensor) or not all(isinstance(v, Tensor) for v in x.values()):
+        return tree_directions(fn, x, y)
+    names = list(x)
+
+    def flat(t: int, xs: list[Tensor], ys: list[Tensor]) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        loss, gx, gy = fn(t, dict(zip(names, xs)), ys[0])
+        return loss, [gx[k] for k in names], [gy]
+
+    return flat
 
 
 def _check_int(name: str, value: Any, low: int) -> None:
@@ -286,7 +310,12 @@ class LocalSGDA(Algorithm):
         return weighted_group_loss(per_sample, groups, y)
 
     def gradients(self, x: Tree, y: Tensor, data: LocalData, idx: Tensor) -> tuple[Tensor, Tree, Tensor]:
-        """``(f, ∇_x f, ∇_y f)`` at ``(x, y)`` on one minibatch (one backward pass)."""
+        """``(f, ∇_x f, ∇_y f)`` at ``(x, y)`` on one minibatch (one backward pass; the WGAN with
+        the affine generator in closed form, :func:`~fedrisk.objectives.minimax.wgan_affine_directions`)."""
+        if self.game == "wgan" and isinstance(x, Mapping) and set(x) == {"mu", "sigma"}:
+            z, real = data.x[idx].reshape(idx.shape[-1], -1)[:, 0].to(y.dtype), data.y[idx].to(y.dtype)
+            value, g_mu, g_sigma, g_phi = wgan_affine_directions(x["mu"], x["sigma"], z, real, y, self.wgan_lambda)
+            return value, {"mu": g_mu, "sigma": g_sigma}, g_phi
         value, (gx, gy) = value_and_grad(lambda xy: self.objective(xy[0], xy[1], data, idx))((x, y))
         return value, gx, gy
 
@@ -361,7 +390,7 @@ class LocalSGDA(Algorithm):
                 _, _, gy = self.gradients(snapshot, y, data, batches[t])
             return loss, gx, gy
 
-        return tree_directions(fn, payload["x"], payload["y"])
+        return flat_directions(fn, payload["x"], payload["y"])
 
     def local_window(self, ctx: RoundContext, payload: Mapping[str, Any], data: LocalData, draws: Tree) -> LocalWindow:
         """Alg. 1's client loop: K simultaneous steps, ``y`` projected after every step."""
@@ -562,7 +591,7 @@ class SAGDA(FSGDA):
             _, rx, ry = self.gradients(x0, y0, data, batches[t])
             return loss, tree_map(lambda g, r, v: g - r + v, gx, rx, v_x), gy - ry + v_y
 
-        return tree_directions(fn, x0, y0)
+        return flat_directions(fn, x0, y0)
 
     def client_update(
         self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree

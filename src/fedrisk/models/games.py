@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -46,6 +46,11 @@ class AffineGenerator(nn.Module):
     def forward(self, z: Tensor) -> Tensor:
         return self.mu + self.sigma * z.reshape(z.shape[0], -1)[:, 0]
 
+    @staticmethod
+    def functional_forward(params: Mapping[str, Tensor], z: Tensor) -> Tensor:
+        """``forward`` with the parameters given (no ``functional_call`` overhead)."""
+        return params["mu"] + params["sigma"] * z.reshape(z.shape[0], -1)[:, 0]
+
 
 class ParameterVector(nn.Module):
     """A vector parameter ``x`` (``init`` everywhere); ``forward`` returns ``x`` for every row."""
@@ -62,6 +67,11 @@ class ParameterVector(nn.Module):
 
     def forward(self, inputs: Tensor) -> Tensor:
         return self.x.expand(inputs.shape[0], -1)
+
+    @staticmethod
+    def functional_forward(params: Mapping[str, Tensor], inputs: Tensor) -> Tensor:
+        """``forward`` with the parameters given."""
+        return params["x"].expand(inputs.shape[0], -1)
 
 
 @MODELS.register("affine_generator", "1-D WGAN generator mu + sigma z (FESS-GDA §4.1; options mu, sigma)")

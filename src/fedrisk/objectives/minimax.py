@@ -50,6 +50,7 @@ __all__ = [
     "quadratic_game",
     "quadratic_grad_phi",
     "weighted_group_loss",
+    "wgan_affine_directions",
     "wgan_objective",
     "wgan_phi",
 ]
@@ -198,6 +199,34 @@ def wgan_objective(real: Tensor, fake: Tensor, phi: Tensor, lam: float) -> Tenso
         return phi[0] * t + phi[1] * t * t
 
     return d(real).mean() - d(fake).mean() - lam * torch.dot(phi, phi)
+
+
+def wgan_affine_directions(
+    mu: Tensor, sigma: Tensor, z: Tensor, real: Tensor, phi: Tensor, lam: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    r""":func:`wgan_objective` for the affine generator ``g = μ + σ z`` and its gradients in closed
+    form (spec §4.1): with ``u_j = −(φ₁ + 2φ₂ g_j)/B``::
+
+        ∇_μ = Σ u_j,   ∇_σ = Σ u_j z_j,   ∇_φ = (mean(x − g), mean(x² − g²)) − 2λφ
+
+    Returns ``(f, ∇_μ, ∇_σ, ∇_φ)``; equal to autograd's to rounding, without a backward pass.
+
+    Example:
+        >>> import torch
+        >>> one = lambda v: torch.tensor(v, dtype=torch.float64)
+        >>> z, real, phi = one([0.0, 1.0]), one([0.0, 0.1]), one([1.0, 0.0])
+        >>> f, gm, gs, gp = wgan_affine_directions(one(1.0), one(1.0), z, real, phi, 0.5)
+        >>> float(f), float(gm), float(gs), gp.tolist()
+        (-1.95, -1.0, -0.5, [-2.45, -2.495])
+    """
+    g = mu + sigma * z
+    phi1, phi2 = phi[0], phi[1]
+    n = z.shape[-1]
+    dx, dx2 = (real - g).mean(), (real * real - g * g).mean()
+    value = phi1 * dx + phi2 * dx2 - lam * torch.dot(phi, phi)
+    u = -(phi1 + 2 * phi2 * g) / n
+    grad_phi = torch.stack([dx, dx2]) - 2 * lam * phi
+    return value, u.sum(), torch.dot(u, z), grad_phi
 
 
 def wgan_phi(mu: float, sigma: float, z: Tensor, target_mu: float, target_sigma: float, lam: float) -> float:

@@ -18,7 +18,7 @@ from fedrisk.data.federation import Federation, Samples
 from fedrisk.metrics import log_loss, parse_metric
 from fedrisk.tree import Tree
 
-LOWER_IS_BETTER = ("log_loss", "loss")
+LOWER_IS_BETTER = ("log_loss", "loss", "generator_error", "grad_phi_norm")
 
 
 def default_metrics(federation: Federation, output_dim: int) -> list[str]:
