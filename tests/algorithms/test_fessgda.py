@@ -283,6 +283,25 @@ def test_divergence_names_the_round_and_the_variable() -> None:
             sim.step()
 
 
+def test_diverging_config_run_stops_naming_round_and_variable_and_keeps_its_checkpoint(tmp_path: Any) -> None:
+    from fedrisk.experiment.config import resolve_config
+    from fedrisk.experiment.runner import load_checkpoint, run_experiment
+
+    raw = {
+        "data": {"dataset": "wgan_1d", "num_clients": 2, "dataset_options": {"num_samples": 200}},
+        "model": {"name": "affine_generator"},
+        "algorithm": {"name": "fsgda", "game": "wgan", "lr": 0.5, "global_lr": 2.0, "local_steps": 2,
+                      "batch_size": 10, "wgan_lambda": 0.0},
+        "run": {"rounds": 50, "splits": [], "dtype": "float64", "checkpoint_every": 1},
+        "output": {"plots": False},
+    }
+    with pytest.raises(FedriskError, match=r"NaN/inf values in round 5 .*non-finite: .*\['y'\]"):
+        run_experiment(resolve_config(raw), tmp_path / "run", progress="none")
+    ckpt = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    assert ckpt["simulation"]["round"] == 5
+    assert all(bool(torch.isfinite(v).all()) for v in tensor_leaves(ckpt["simulation"]["server_state"]))
+
+
 def test_every_family_member_is_registered() -> None:
     for name in ("fessgda", "fessgda_ncc", "local_sgda", "local_sgda_plus", "fsgda", "fed_norm_sgda",
                  "fed_norm_sgda_plus", "sagda"):

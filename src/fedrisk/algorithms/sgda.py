@@ -419,7 +419,7 @@ class LocalSGDA(Algorithm):
         if self.game == "wgan" and isinstance(x, Mapping) and {"mu", "sigma"} <= set(x):
             notes = federation.info.get("dataset_meta", {}).get("notes", {})
             mu_hat, sigma_hat = float(notes.get("target_mu", 0.0)), float(notes.get("target_sigma", 0.1))
-            out["generator_error"] = (float(x["mu"]) - mu_hat) ** 2 + (float(x["sigma"]) - sigma_hat) ** 2
+            out["generator_error"] = float((x["mu"] - mu_hat) ** 2 + (x["sigma"] - sigma_hat) ** 2)
         elif self.game == "quadratic":
             (xv,) = tensor_leaves(x)
             b = torch.stack([c.x.to(xv.dtype).mean(0) for c in federation.clients]).mean(0)  # eq. (1): 1/M Σ_i
