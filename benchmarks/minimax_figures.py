@@ -1,0 +1,122 @@
+"""Figures and tables of the minimax reproductions (docs/results/minimax_*.md) from sweep folders.
+
+    python benchmarks/minimax_figures.py wgan runs/minimax_wgan_small docs/results/img/minimax_wgan.png
+    python benchmarks/minimax_figures.py fair runs/minimax_fmnist_fair_small docs/results/img/minimax_fmnist_fair.png
+
+``wgan``: for every λ and algorithm, the (local lr, global lr) with the lowest mean final
+``generator_error`` over seeds is kept (the paper's "best tuned"); curves are the mean ± std over
+seeds against iterations (SAGDA's two rounds per iteration halved).  ``fair``: mean ± std of
+``test_accuracy`` and ``test_worst_class_accuracy`` against rounds for every configuration.
+Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from fedrisk.experiment.outputs import find_runs, load_run
+
+
+def groups(root: Path) -> dict[str, list]:
+    out: dict[str, list] = defaultdict(list)
+    for path in find_runs([root]):
+        run = load_run(path)
+        if run.records:
+            out[path.parent.name].append(run)
+    return out
+
+
+def series(runs: list, key: str, halve: bool = False) -> tuple[list[float], list[float], list[float]]:
+    common = sorted(set.intersection(*({r["round"] for r in run.records if key in r} for run in runs)))
+    vals = [[next(r[key] for r in run.records if r["round"] == t) for run in runs] for t in common]
+    mean = [sum(v) / len(v) for v in vals]
+    std = [math.sqrt(sum((x - m) ** 2 for x in v) / max(len(v) - 1, 1)) for v, m in zip(vals, mean)]
+    xs = [t / 2 if halve else t for t in common]
+    return xs, mean, std
+
+
+def fmt(values: list[float]) -> str:
+    m = sum(values) / len(values)
+    s = math.sqrt(sum((x - m) ** 2 for x in values) / max(len(values) - 1, 1))
+    return f"{m:.2e} ± {s:.1e}"
+
+
+def wgan(root: Path, png: Path) -> None:
+    best: dict[tuple[float, str], tuple[float, str, list]] = {}
+    pat = re.compile(
+        r"^(\w+),algorithm\.wgan_lambda=([\d.e-]+),algorithm\.lr=([\d.e-]+),algorithm\.global_lr=([\d.]+)$"
+    )
+    for label, runs in groups(root).items():
+        m = pat.match(label)
+        if not m:
+            continue
+        alg, lam = m.group(1), float(m.group(2))
+        final = [run.records[-1]["generator_error"] for run in runs]
+        score = sum(final) / len(final)
+        score = score if math.isfinite(score) else math.inf
+        if (lam, alg) not in best or score < best[(lam, alg)][0]:
+            best[(lam, alg)] = (score, f"lr {m.group(3)}, η_g {m.group(4)}", runs)
+    lams = sorted({k[0] for k in best})
+    fig, axes = plt.subplots(1, len(lams), figsize=(5 * len(lams), 3.8), squeeze=False)
+    print("| λ | algorithm | best (local lr, global lr) | seeds | error @100 | error @200 | final error |")
+    print("|---:|---|---|---:|---:|---:|---:|")
+    for ax, lam in zip(axes[0], lams):
+        for alg in ("fessgda", "fed_norm_sgda", "sagda"):
+            if (lam, alg) not in best:
+                continue
+            _, hyper, runs = best[(lam, alg)]
+            halve = alg == "sagda"
+            xs, mean, std = series(runs, "generator_error", halve)
+            ax.plot(xs, mean, label=alg)
+            ax.fill_between(xs, [max(m - s, 1e-32) for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                            alpha=0.2)
+
+            def at(t: int, runs=runs, halve=halve) -> str:
+                want = 2 * t if halve else t
+                vals = [r["generator_error"] for run in runs for r in run.records if r["round"] == want]
+                return fmt(vals) if len(vals) == len(runs) else "–"
+
+            final = [run.records[-1]["generator_error"] for run in runs]
+            print(f"| {lam} | {alg} | {hyper} | {len(runs)} | {at(100)} | {at(200)} | {fmt(final)} |")
+        ax.set_yscale("log")
+        ax.set_title(f"λ = {lam}")
+        ax.set_xlabel("iteration (round; SAGDA: round / 2)")
+        ax.set_ylabel("(μ − 0)² + (σ − 0.1)²")
+        ax.legend()
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+
+
+def fair(root: Path, png: Path) -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    print("| configuration | seeds | final test accuracy | final worst-class accuracy |")
+    print("|---|---:|---:|---:|")
+    for label, runs in sorted(groups(root).items()):
+        for ax, key in zip(axes, ("test_accuracy", "test_worst_class_accuracy")):
+            xs, mean, std = series(runs, key)
+            ax.plot(xs, mean, label=label)
+            ax.fill_between(xs, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+            ax.set_xlabel("round")
+            ax.set_ylabel(key)
+        acc = [run.records[-1]["test_accuracy"] for run in runs]
+        worst = [run.records[-1]["test_worst_class_accuracy"] for run in runs]
+        print(f"| {label} | {len(runs)} | {fmt(acc)} | {fmt(worst)} |".replace("e-01", "e-1"))
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+
+
+if __name__ == "__main__":
+    kind, root, png = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    {"wgan": wgan, "fair": fair}[kind](root, png)
