@@ -44,10 +44,10 @@ def series(runs: list, key: str, halve: bool = False) -> tuple[list[float], list
     return xs, mean, std
 
 
-def fmt(values: list[float]) -> str:
+def fmt(values: list[float], spec: str = ".2e", spec_std: str = ".1e") -> str:
     m = sum(values) / len(values)
     s = math.sqrt(sum((x - m) ** 2 for x in values) / max(len(values) - 1, 1))
-    return f"{m:.2e} ± {s:.1e}"
+    return f"{m:{spec}} ± {s:{spec_std}}"
 
 
 def wgan(root: Path, png: Path) -> None:
@@ -99,8 +99,8 @@ def wgan(root: Path, png: Path) -> None:
 
 def fair(root: Path, png: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    print("| configuration | seeds | final test accuracy | final worst-class accuracy |")
-    print("|---|---:|---:|---:|")
+    print("| configuration | seeds | final test accuracy | final worst-class accuracy | final max y_c |")
+    print("|---|---:|---:|---:|---:|")
     for label, runs in sorted(groups(root).items()):
         for ax, key in zip(axes, ("test_accuracy", "test_worst_class_accuracy")):
             xs, mean, std = series(runs, key)
@@ -110,8 +110,36 @@ def fair(root: Path, png: Path) -> None:
             ax.set_ylabel(key)
         acc = [run.records[-1]["test_accuracy"] for run in runs]
         worst = [run.records[-1]["test_worst_class_accuracy"] for run in runs]
-        print(f"| {label} | {len(runs)} | {fmt(acc)} | {fmt(worst)} |".replace("e-01", "e-1"))
+        dual = [run.records[-1].get("dual_max", float("nan")) for run in runs]
+        cells = [fmt(acc, ".4f", ".4f"), fmt(worst, ".4f", ".4f"), fmt(dual, ".3f", ".3f")]
+        print(f"| {label} | {len(runs)} | " + " | ".join(cells) + " |")
     axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+
+
+def ncsc(root: Path, png: Path) -> None:
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    print("| configuration | seeds | ‖∇Φ‖ @50 | ‖∇Φ‖ @100 | final ‖∇Φ‖ | first round with mean ‖∇Φ‖ ≤ 0.5 |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, runs in sorted(groups(root).items(), key=lambda kv: int(kv[0].split("=")[-1])):
+        xs, mean, std = series(runs, "grad_phi_norm")
+        ax.plot(xs, mean, label=label)
+        ax.fill_between(xs, [max(m - s, 1e-12) for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                        alpha=0.2)
+
+        def at(t: int, runs=runs) -> str:
+            vals = [r["grad_phi_norm"] for run in runs for r in run.records if r["round"] == t]
+            return fmt(vals, ".3f", ".3f") if len(vals) == len(runs) else "–"
+
+        hit = next((x for x, m in zip(xs, mean) if m <= 0.5), None)
+        final = [run.records[-1]["grad_phi_norm"] for run in runs]
+        print(f"| {label} | {len(runs)} | {at(50)} | {at(100)} | {fmt(final, '.3f', '.3f')} | {hit if hit else '–'} |")
+    ax.set_yscale("log")
+    ax.set_xlabel("round")
+    ax.set_ylabel("‖∇Φ(x)‖")
+    ax.legend()
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
@@ -119,4 +147,4 @@ def fair(root: Path, png: Path) -> None:
 
 if __name__ == "__main__":
     kind, root, png = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
-    {"wgan": wgan, "fair": fair}[kind](root, png)
+    {"wgan": wgan, "fair": fair, "ncsc": ncsc}[kind](root, png)

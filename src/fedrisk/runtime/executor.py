@@ -73,17 +73,18 @@ class Executor(ABC):
 
 
 def nonfinite_paths(tree: Any, limit: int = 4) -> list[str]:
-    """Where ``tree`` holds NaN/inf: up to ``limit`` leaf paths such as ``[0]['y']``.
+    """Where ``tree`` holds NaN/inf: up to ``limit`` dotted dict-key paths (sequence positions
+    left out, so a reply alone and a ``(reply, state)`` pair name a leaf alike).
 
     Example:
-        >>> nonfinite_paths(({"x": torch.ones(1), "y": torch.tensor([float("nan")])}, {}))
-        ["[0]['y']"]
+        >>> nonfinite_paths(({"x": {"mu": torch.ones(1)}, "y": torch.tensor([float("nan")])}, {}))
+        ['y']
     """
     from torch.utils import _pytree as pytree
 
     leaves, _ = pytree.tree_flatten_with_path(tree)
     bad = [
-        pytree.keystr(path)
+        ".".join(str(getattr(k, "key", getattr(k, "name", ""))) for k in path if not hasattr(k, "idx")) or "?"
         for path, x in leaves
         if isinstance(x, torch.Tensor) and x.is_floating_point() and not bool(torch.isfinite(x).all())
     ]
