@@ -325,3 +325,25 @@ def test_fessgda_solves_the_wgan_where_fsgda_stalls() -> None:
     fsgda = wgan_error(FSGDA, 150, lr=0.1, wgan_lambda=0.01)
     assert fess < 1e-3, fess
     assert fsgda > 10 * fess, (fess, fsgda)
+
+
+def test_fed_norm_sample_weighting_differs_from_uniform_on_unequal_clients() -> None:
+    fed = group_fed()
+    parts = [fed.clients[0], fed.clients[1].subset(list(range(6))), *fed.clients[2:]]
+    fed = Federation("uneven", parts, 2, test=fed.test)
+    model = FunctionalModel(build_model("logreg", (4,), 2))
+    kw = {"model": model, "lr": 0.3, "local_steps": 3, "batch_size": 4}
+    a = run_states(FedNormSGDA(weighting="samples", **kw), fed, 2)[-1]
+    b = run_states(FedNormSGDA(weighting="uniform", **kw), fed, 2)[-1]
+    assert float((a["y"] - b["y"]).norm()) > 0
+    with pytest.raises(FedriskError, match="unknown weighting 'size'"):
+        FedNormSGDA(model=model, weighting="size")
+
+
+def test_regularised_variant_on_the_simplex_uses_its_diameter() -> None:
+    fed = group_fed()
+    model = FunctionalModel(build_model("logreg", (4,), 2))
+    alg = FESSGDARegularized(model=model, epsilon=0.2, local_steps=2, batch_size=4)
+    assert alg.dual_reg == pytest.approx(0.2 / (2 * math.sqrt(2)))
+    y = run_states(alg, fed, 2)[-1]["y"]
+    assert abs(float(y.sum()) - 1) < 1e-12 and bool((y >= 0).all())
