@@ -17,9 +17,11 @@ from fedrisk.algorithms.base import (
 from fedrisk.algorithms.codasca import CODA, CODASCA, NPA, CODAPlus
 from fedrisk.algorithms.fedavg import FedAvg, FedProx
 from fedrisk.algorithms.fedxl import FeDXL1, FeDXL2
+from fedrisk.algorithms.fessgda import FESSGDA, FESSGDARegularized
 from fedrisk.algorithms.local_only import Centralized, LocalOnly, centralized
 from fedrisk.algorithms.local_pair import CentralizedPair, LocalPair
 from fedrisk.algorithms.scaffold import Scaffold
+from fedrisk.algorithms.sgda import FSGDA, SAGDA, FedNormSGDA, FedNormSGDAPlus, LocalSGDA, LocalSGDAPlus
 from fedrisk.registry import Registry
 
 ALGORITHMS: Registry = Registry("algorithm")
@@ -36,25 +38,42 @@ ALGORITHMS.add("fedxl1", FeDXL1, "FeDXL1: pairwise X-risk (linear f), active/pas
 ALGORITHMS.add("fedxl2", FeDXL2, "FeDXL2: compositional X-risk (KL-DRO pAUC), u-table, momentum (Alg. 2-3)")
 ALGORITHMS.add("local_pair", LocalPair, "Local Pair: X-risk of local pairs only, periodic averaging (FeDXL baseline)")
 ALGORITHMS.add("centralized_pair", CentralizedPair, "pairwise SGD / SOX on pooled data (FeDXL's centralised baseline)")
+# federated minimax (paper 001): fair classification over classes / groups, 1-D WGAN, NC-SC quadratic game
+ALGORITHMS.add("fessgda", FESSGDA, "FESS-GDA: local SGDA + server-side smoothing toward z (Alg. 1)")
+ALGORITHMS.add("fessgda_ncc", FESSGDARegularized, "FESS-GDA on f - eps/(4D)||y - y0||^2 (Thm 3.3, general NC-C)")
+ALGORITHMS.add("local_sgda", LocalSGDA, "Local SGDA: K local simultaneous SGDA steps, plain averaging")
+ALGORITHMS.add("local_sgda_plus", LocalSGDAPlus, "Local SGDA+: y-steps at a snapshot x refreshed every S rounds")
+ALGORITHMS.add("fsgda", FSGDA, "FSGDA: Local SGDA with global step sizes eta_g")
+ALGORITHMS.add("fed_norm_sgda", FedNormSGDA, "Fed-Norm-SGDA: normalised client updates, global step sizes")
+ALGORITHMS.add("fed_norm_sgda_plus", FedNormSGDAPlus, "Fed-Norm-SGDA+: Fed-Norm-SGDA with a snapshot x for y-steps")
+ALGORITHMS.add("sagda", SAGDA, "SAGDA: FSGDA with sampled-client gradient control variates (2 rounds/iter)")
 
 __all__ = [
     "ALGORITHMS",
     "CODA",
     "CODASCA",
+    "FESSGDA",
+    "FSGDA",
     "NPA",
+    "SAGDA",
     "Algorithm",
     "CODAPlus",
     "Centralized",
     "CentralizedPair",
     "ClientResult",
+    "FESSGDARegularized",
     "FeDXL1",
     "FeDXL2",
     "FedAvg",
     "FedInfo",
+    "FedNormSGDA",
+    "FedNormSGDAPlus",
     "FedProx",
     "LocalData",
     "LocalOnly",
     "LocalPair",
+    "LocalSGDA",
+    "LocalSGDAPlus",
     "RoundContext",
     "RoundPlan",
     "Scaffold",

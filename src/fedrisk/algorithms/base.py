@@ -236,6 +236,11 @@ class Algorithm:
         """Client ``client``'s own model (personalised algorithms); default: the global one."""
         return self.global_params(server_state)
 
+    def state_metrics(self, server_state: Tree, federation: Any) -> dict[str, float]:
+        """Metrics of the server state itself, added to every evaluation (default: none; the
+        minimax games report e.g. the WGAN's generator error or ``||∇Φ(x)||``)."""
+        return {}
+
 
 def sample_clients(gen: torch.Generator, num_clients: int, per_round: int | None) -> list[int]:
     """``per_round`` distinct clients drawn uniformly (all clients when None or >= num_clients)."""

@@ -65,6 +65,7 @@ def local_sgda(
     project_dual: Callable[[Tree], Tree] | None = None,
     sum_directions: bool = False,
     sum_iterates: bool = False,
+    lr_dual: float | None = None,
 ) -> LocalWindow:
     r"""``steps`` local steps of simultaneous stochastic gradient descent-ascent.
 
@@ -74,7 +75,10 @@ def local_sgda(
         (ℓ, g_v, g_α) = directions(t, v_t, α_t)            # both at the same (v_t, α_t) (P1; leaf lists)
         d_v = g_v + λ (v_t − ref) + wd · v_t               # ∇_v F_k^s, eq. (5)'s prox (+ decay)
         v_{t+1} = v_t − η (d_v + shift_v)                  # descent on v
-        α_{t+1} = Π(α_t + η (g_α + shift_α))               # ascent on α (Π: optional projection)
+        α_{t+1} = Π(α_t + η_α (g_α + shift_α))             # ascent on α (Π: optional projection)
+
+    ``lr_dual`` is the dual step ``η_α`` (``None``: the same as ``lr``; FESS-GDA's and Local SGDA's
+    separate ``η_{y,l}``).
 
     Unless the directions are summed (eq. (7)), the primal step is evaluated in the equivalent
     form ``v_{t+1} = (1 − η(λ + wd)) v_t − η g_v + η(λ ref − shift_v)`` whose last term is
@@ -110,7 +114,8 @@ def local_sgda(
         k_v = [(lr * prox_coef) * r for r in refs]  # type: ignore[union-attr]
     elif s_v is not None:
         k_v = [-lr * s for s in s_v]
-    k_a = [lr * s for s in s_a] if s_a is not None else None
+    lr_a = lr if lr_dual is None else lr_dual
+    k_a = [lr_a * s for s in s_a] if s_a is not None else None
     losses = []
     for t in range(steps):
         loss, d_v, d_a = directions(t, xs, ys)
@@ -126,7 +131,7 @@ def local_sgda(
             if s_a is not None:
                 d_a = [g + s for g, s in zip(d_a, s_a)]
             xs = [torch.add(x, g, alpha=-lr) for x, g in zip(xs, d_v)]  # descent on v
-            ys = [torch.add(y, g, alpha=lr) for y, g in zip(ys, d_a)]  # ascent on α
+            ys = [torch.add(y, g, alpha=lr_a) for y, g in zip(ys, d_a)]  # ascent on α
         else:
             if k_v is not None:
                 xs = [torch.add(k, x, alpha=decay) for k, x in zip(k_v, xs)]
@@ -135,7 +140,7 @@ def local_sgda(
             xs = [torch.add(x, g, alpha=-lr) for x, g in zip(xs, d_v)]  # descent on v
             if k_a is not None:
                 ys = [y + k for y, k in zip(ys, k_a)]
-            ys = [torch.add(y, g, alpha=lr) for y, g in zip(ys, d_a)]  # ascent on α
+            ys = [torch.add(y, g, alpha=lr_a) for y, g in zip(ys, d_a)]  # ascent on α
         if project_dual is not None:
             ys = a_spec.flatten_up_to(project_dual(pytree.tree_unflatten(ys, a_spec)))
         if sum_iterates:

@@ -9,6 +9,7 @@ Example:
     (4, 2)
 """
 
+import fedrisk.data.games  # noqa: F401  (registers wgan_1d, nc_sc_quadratic)
 from fedrisk.data.build import build_federation
 from fedrisk.data.chexpert import load_chexpert
 from fedrisk.data.federation import Federation, PartitionReport, Samples

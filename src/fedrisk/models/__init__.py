@@ -8,6 +8,7 @@ Example:
     torch.Size([2, 3])
 """
 
+import fedrisk.models.games  # noqa: F401  (registers affine_generator, vector)
 from fedrisk.models.functional import FunctionalModel, Params, flatten, stack_params, unflatten
 from fedrisk.models.zoo import (
     MLP,

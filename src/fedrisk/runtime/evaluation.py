@@ -18,7 +18,7 @@ from fedrisk.data.federation import Federation, Samples
 from fedrisk.metrics import log_loss, parse_metric
 from fedrisk.tree import Tree
 
-LOWER_IS_BETTER = ("log_loss", "loss")
+LOWER_IS_BETTER = ("log_loss", "loss", "generator_error", "grad_phi_norm")
 
 
 def default_metrics(federation: Federation, output_dim: int) -> list[str]:
@@ -76,6 +76,9 @@ def evaluate(
             if split is not None:
                 for m, v in score_split(algorithm, params, split, metrics).items():
                     out[f"{name}_{m}"] = v
+    state_metrics = getattr(algorithm, "state_metrics", None)
+    if state_metrics is not None:
+        out.update(state_metrics(server_state, federation))
     personal = algorithm.personalized if personal is None else personal
     if personal and federation.client_tests is not None:
         per_client: dict[str, list[float]] = {m: [] for m in metrics}

@@ -72,12 +72,34 @@ class Executor(ABC):
     ) -> RoundOutput: ...
 
 
+def nonfinite_paths(tree: Any, limit: int = 4) -> list[str]:
+    """Where ``tree`` holds NaN/inf: up to ``limit`` dotted dict-key paths (sequence positions
+    left out, so a reply alone and a ``(reply, state)`` pair name a leaf alike).
+
+    Example:
+        >>> nonfinite_paths(({"x": {"mu": torch.ones(1)}, "y": torch.tensor([float("nan")])}, {}))
+        ['y']
+    """
+    from torch.utils import _pytree as pytree
+
+    leaves, _ = pytree.tree_flatten_with_path(tree)
+    bad = [
+        ".".join(str(getattr(k, "key", getattr(k, "name", ""))) for k in path if not hasattr(k, "idx")) or "?"
+        for path, x in leaves
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and not bool(torch.isfinite(x).all())
+    ]
+    return bad[:limit]
+
+
 def check_reply(client: int, round: int, reply: Any, on_failure: str) -> str | None:
     """Return a failure reason for a non-finite reply or new client state (or raise when
     ``on_failure='raise'``)."""
     if tree_all_finite(reply):
         return None
-    reason = f"client {client} replied with NaN/inf values in round {round} (reply or new client state)"
+    reason = (
+        f"client {client} replied with NaN/inf values in round {round} (reply or new client state; "
+        f"non-finite: {', '.join(nonfinite_paths(reply)) or '?'})"
+    )
     if on_failure == "raise":
         raise ClientFailure(reason + " (set on_client_failure='skip' to drop such replies)")
     return reason

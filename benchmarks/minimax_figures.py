@@ -1,0 +1,155 @@
+"""Figures and tables of the minimax reproductions (docs/results/minimax_*.md) from sweep folders.
+
+    python benchmarks/minimax_figures.py wgan runs/minimax_wgan_small docs/results/img/minimax_wgan.png
+    python benchmarks/minimax_figures.py fair runs/minimax_fmnist_fair_small docs/results/img/minimax_fmnist_fair.png
+    python benchmarks/minimax_figures.py fair_groups runs/minimax_adult_fair docs/results/img/minimax_adult_fair.png
+    python benchmarks/minimax_figures.py ncsc runs/minimax_ncsc_fig4_small docs/results/img/minimax_ncsc_fig4.png
+
+``wgan``: for every λ and algorithm, the (local lr, global lr) with the lowest mean final
+``generator_error`` over seeds is kept (the paper's "best tuned"); curves are the mean ± std over
+seeds against iterations (SAGDA's two rounds per iteration halved).  ``fair``: mean ± std of
+``test_accuracy`` and ``test_worst_class_accuracy`` against rounds for every configuration.
+Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from fedrisk.experiment.outputs import find_runs, load_run
+
+
+def groups(root: Path) -> dict[str, list]:
+    out: dict[str, list] = defaultdict(list)
+    for path in find_runs([root]):
+        run = load_run(path)
+        if run.records:
+            out[path.parent.name].append(run)
+    return out
+
+
+def series(runs: list, key: str, halve: bool = False) -> tuple[list[float], list[float], list[float]]:
+    common = sorted(set.intersection(*({r["round"] for r in run.records if key in r} for run in runs)))
+    vals = [[next(r[key] for r in run.records if r["round"] == t) for run in runs] for t in common]
+    mean = [sum(v) / len(v) for v in vals]
+    std = [math.sqrt(sum((x - m) ** 2 for x in v) / max(len(v) - 1, 1)) for v, m in zip(vals, mean)]
+    xs = [t / 2 if halve else t for t in common]
+    return xs, mean, std
+
+
+def fmt(values: list[float], spec: str = ".2e", spec_std: str = ".1e") -> str:
+    m = sum(values) / len(values)
+    s = math.sqrt(sum((x - m) ** 2 for x in values) / max(len(values) - 1, 1))
+    return f"{m:{spec}} ± {s:{spec_std}}"
+
+
+def wgan(root: Path, png: Path) -> None:
+    best: dict[tuple[float, str], tuple[float, str, list]] = {}
+    pat = re.compile(
+        r"^(\w+),algorithm\.wgan_lambda=([\d.e-]+),algorithm\.lr=([\d.e-]+),algorithm\.global_lr=([\d.]+)$"
+    )
+    for label, runs in groups(root).items():
+        m = pat.match(label)
+        if not m:
+            continue
+        alg, lam = m.group(1), float(m.group(2))
+        final = [run.records[-1]["generator_error"] for run in runs]
+        score = sum(final) / len(final)
+        score = score if math.isfinite(score) else math.inf
+        if (lam, alg) not in best or score < best[(lam, alg)][0]:
+            best[(lam, alg)] = (score, f"lr {m.group(3)}, η_g {m.group(4)}", runs)
+    lams = sorted({k[0] for k in best})
+    fig, axes = plt.subplots(1, len(lams), figsize=(5 * len(lams), 3.8), squeeze=False)
+    print("| λ | algorithm | best (local lr, global lr) | seeds | error @100 | error @200 | final error |")
+    print("|---:|---|---|---:|---:|---:|---:|")
+    for ax, lam in zip(axes[0], lams):
+        for alg in ("fessgda", "fed_norm_sgda", "sagda"):
+            if (lam, alg) not in best:
+                continue
+            _, hyper, runs = best[(lam, alg)]
+            halve = alg == "sagda"
+            xs, mean, std = series(runs, "generator_error", halve)
+            ax.plot(xs, mean, label=alg)
+            ax.fill_between(xs, [max(m - s, 1e-32) for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                            alpha=0.2)
+
+            def at(t: int, runs=runs, halve=halve) -> str:
+                want = 2 * t if halve else t
+                vals = [r["generator_error"] for run in runs for r in run.records if r["round"] == want]
+                return fmt(vals) if len(vals) == len(runs) else "–"
+
+            final = [run.records[-1]["generator_error"] for run in runs]
+            print(f"| {lam} | {alg} | {hyper} | {len(runs)} | {at(100)} | {at(200)} | {fmt(final)} |")
+        ax.set_yscale("log")
+        ax.set_title(f"λ = {lam}")
+        ax.set_xlabel("iteration (round; SAGDA: round / 2)")
+        ax.set_ylabel("(μ − 0)² + (σ − 0.1)²")
+        ax.legend()
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+
+
+def fair(root: Path, png: Path, worst_key: str = "test_worst_class_accuracy") -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    print(f"| configuration | seeds | final test accuracy | final {worst_key} | final max y_c |")
+    print("|---|---:|---:|---:|---:|")
+    for label, runs in sorted(groups(root).items()):
+        for ax, key in zip(axes, ("test_accuracy", worst_key)):
+            xs, mean, std = series(runs, key)
+            ax.plot(xs, mean, label=label)
+            ax.fill_between(xs, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+            ax.set_xlabel("round")
+            ax.set_ylabel(key)
+        acc = [run.records[-1]["test_accuracy"] for run in runs]
+        worst = [run.records[-1][worst_key] for run in runs]
+        dual = [run.records[-1].get("dual_max", float("nan")) for run in runs]
+        cells = [fmt(acc, ".4f", ".4f"), fmt(worst, ".4f", ".4f"), fmt(dual, ".3f", ".3f")]
+        print(f"| {label} | {len(runs)} | " + " | ".join(cells) + " |")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+
+
+def ncsc(root: Path, png: Path) -> None:
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    print("| configuration | seeds | ‖∇Φ‖ @50 | ‖∇Φ‖ @100 | final ‖∇Φ‖ | min over rounds | first round mean ≤ 0.5 |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for label, runs in sorted(groups(root).items(), key=lambda kv: int(kv[0].split("=")[-1])):
+        xs, mean, std = series(runs, "grad_phi_norm")
+        ax.plot(xs, mean, label=label)
+        ax.fill_between(xs, [max(m - s, 1e-12) for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                        alpha=0.2)
+
+        def at(t: int, runs=runs) -> str:
+            vals = [r["grad_phi_norm"] for run in runs for r in run.records if r["round"] == t]
+            return fmt(vals, ".3f", ".3f") if len(vals) == len(runs) else "–"
+
+        hit = next((x for x, m in zip(xs, mean) if m <= 0.5), None)
+        final = [run.records[-1]["grad_phi_norm"] for run in runs]
+        low = [min(r["grad_phi_norm"] for r in run.records) for run in runs]
+        cells = [at(50), at(100), fmt(final, ".3f", ".3f"), fmt(low, ".3f", ".3f"), str(hit) if hit else "–"]
+        print(f"| {label} | {len(runs)} | " + " | ".join(cells) + " |")
+    ax.set_yscale("log")
+    ax.set_xlabel("round")
+    ax.set_ylabel("‖∇Φ(x)‖")
+    ax.legend()
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+
+
+if __name__ == "__main__":
+    kind, root, png = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    groups_fair = lambda r, p: fair(r, p, "test_worst_group_accuracy")  # noqa: E731
+    {"wgan": wgan, "fair": fair, "fair_groups": groups_fair, "ncsc": ncsc}[kind](root, png)

@@ -1,0 +1,612 @@
+r"""Federated stochastic gradient descent-ascent: Local SGDA, Local SGDA+, FSGDA, Fed-Norm-SGDA(+)
+and SAGDA — the baselines of FESS-GDA's paper (spec ``shared/specs/001_fessgda.md`` §2.5-2.6);
+FESS-GDA itself is :mod:`fedrisk.algorithms.fessgda`.
+
+The problem is eq. (1), ``min_x max_{y ∈ Y} (1/M) Σ_i f_i(x, y)``.  Every algorithm here runs
+one communication round as (spec §2.1 with ``p = 0``)::
+
+    server:  S_t ← m of the M clients, uniformly without replacement; send (x_t, y_t)
+    client i ∈ S_t:  (x, y) ← (x_t, y_t);  for k = 1..K  (one minibatch ξ_k per step):
+                 g_x = ∇_x f_i(x, y; ξ_k),  g_y = ∇_y f_i(x, y; ξ_k)      # simultaneous, same ξ
+                 x ← x − η_{x,l} g_x;   y ← P_Y(y + η_{y,l} g_y)           # y projected every step
+             send (x, y)
+    server:  x̄, ȳ = the means over S_t (1/m each)
+             Local SGDA (Deng & Mahdavi 2021):  x_{t+1} = x̄,  y_{t+1} = P_Y(ȳ)
+             FSGDA (Yang et al. 2022a):         x_{t+1} = x_t + η_{x,g}(x̄ − x_t),  y_{t+1} = P_Y(y_t + η_{y,g}(ȳ − y_t))
+
+The local loop is the shared primal-dual engine :func:`fedrisk.algorithms.primal_dual.local_sgda`
+(with its ``lr_dual`` for ``η_{y,l}``).  The variants, each cited in its class docstring:
+
+* :class:`LocalSGDAPlus` / :class:`FedNormSGDAPlus` — the y-steps use a snapshot ``x̂`` of the
+  global x, refreshed every ``snapshot_period`` (S) rounds;
+* :class:`FedNormSGDA` — clients send the normalised update ``h_i = Δ_i / (η_l τ_i)``, the
+  server steps ``−τ_eff η_g η_l Σ_i w_i h_i`` (Sharma, Panda & Joshi 2023);
+* :class:`SAGDA` — FSGDA with the control variate ``g_i(w) − g_i(w_t) + v_t`` built from the
+  sampled clients' stochastic gradients at ``w_t`` (Yang, Zhang, Fang & Liu 2022).
+
+Games (``game``; the objective is defined by the algorithm's hyper-parameters, pure functions in
+:mod:`fedrisk.objectives.minimax`):
+
+* ``"fair_class"`` — eq. (2) over classes, ``Σ_c y_c F_c(x)``, ``Y`` = the simplex of dimension
+  ``num_classes`` (``F̂_c`` = the batch's mean cross-entropy of class ``c``, 0 if absent — spec
+  §6-11; a one-output model is read as a binary logit);
+* ``"fair_group"`` — the same over the groups of the sensitive attribute ``group_attr``
+  (``dual_dim`` = the number of groups);
+* ``"wgan"`` — the 1-D WGAN of §4.1 (``y = φ ∈ R²``, unconstrained, ``wgan_lambda`` = λ; the
+  rows' target is the real point, the model the generator);
+* ``"quadratic"`` — the NC-SC game of §7.2-B2 (``y ∈ R^{dual_dim}``, ``A`` seeded by
+  ``quadratic_seed``, ``c = quadratic_curvature``, ``μ = quadratic_mu``; the model is a ``vector``).
+
+Game metrics (:meth:`LocalSGDA.state_metrics`, added to every evaluation): ``generator_error``
+``(μ − μ̂)² + (σ − σ̂)²`` (wgan), ``grad_phi_norm`` ``||∇Φ(x)||`` (quadratic),
+``test_worst_group_accuracy`` (fair_group), ``dual_max`` (the largest dual weight, fair games).
+
+Example:
+    >>> from fedrisk.data import build_federation
+    >>> from fedrisk.models import FunctionalModel, build_model
+    >>> from fedrisk.runtime.simulation import Simulation
+    >>> fed = build_federation("digits", "iid", 4, seed=0, dataset_options={"flatten": True})
+    >>> alg = FSGDA(model=FunctionalModel(build_model("logreg", (64,), 10)), lr=0.1, global_lr=1.5,
+    ...             local_steps=2, batch_size=16)
+    >>> sim = Simulation(alg, fed, seed=0)
+    >>> _ = sim.step()
+    >>> y = sim.server_state["y"]
+    >>> y.shape, round(float(y.sum()), 6), bool((y >= 0).all())
+    (torch.Size([10]), 1.0, True)
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from fedrisk.aggregators.base import Replies
+from fedrisk.algorithms.base import (
+    Algorithm,
+    ClientResult,
+    FedInfo,
+    LocalData,
+    RoundContext,
+    RoundPlan,
+    sample_clients,
+)
+from fedrisk.algorithms.local import SAMPLING_CHOICES, sample_batches
+from fedrisk.algorithms.primal_dual import Directions, LocalWindow, extrapolate, local_sgda, tree_directions
+from fedrisk.autodiff import in_functorch_transform, value_and_grad
+from fedrisk.errors import FedriskError, check_range, unknown_name
+from fedrisk.objectives.minimax import (
+    make_projection,
+    quadratic_game,
+    quadratic_grad_phi,
+    weighted_group_loss,
+    wgan_affine_directions,
+    wgan_objective,
+)
+from fedrisk.rng import ClientRNG
+from fedrisk.tree import Tree, tensor_leaves, tree_all_finite, tree_map
+
+__all__ = [
+    "FSGDA",
+    "GAMES",
+    "SAGDA",
+    "FedNormSGDA",
+    "FedNormSGDAPlus",
+    "LocalSGDA",
+    "LocalSGDAPlus",
+    "check_finite_state",
+    "flat_directions",
+    "per_sample_cross_entropy",
+    "quadratic_matrix",
+]
+
+GAMES = ("fair_class", "fair_group", "wgan", "quadratic")
+WEIGHTINGS = ("uniform", "samples")
+TRAIN, ESTIMATE = "train", "estimate"
+
+
+def per_sample_cross_entropy(outputs: Tensor, labels: Tensor) -> Tensor:
+    """Cross-entropy per row: softmax on ``[B, C]`` logits, binary (logit) on ``[B]`` / ``[B, 1]``.
+
+    Example:
+        >>> import torch
+        >>> [round(v, 4) for v in per_sample_cross_entropy(torch.zeros(2, 4), torch.tensor([0, 3])).tolist()]
+        [1.3863, 1.3863]
+        >>> [round(v, 4) for v in per_sample_cross_entropy(torch.tensor([0.0, 2.0]), torch.tensor([1, 1])).tolist()]
+        [0.6931, 0.1269]
+    """
+    if outputs.dim() == 1 or outputs.shape[-1] == 1:
+        s = outputs.reshape(-1)
+        return F.softplus(s) - labels.reshape(-1).to(s.dtype) * s
+    return torch.logsumexp(outputs, -1) - outputs.gather(-1, labels.long()[:, None])[:, 0]
+
+
+@functools.lru_cache(maxsize=16)
+def quadratic_matrix(seed: int, rows: int, cols: int, dtype: torch.dtype = torch.float64) -> Tensor:
+    """The coupling ``A ∈ R^{rows × cols}`` of the quadratic game: ``N(0, 1/cols)`` entries, seeded.
+
+    Example:
+        >>> quadratic_matrix(0, 3, 2).shape
+        torch.Size([3, 2])
+    """
+    g = torch.Generator().manual_seed(int(seed))
+    return (torch.randn(rows, cols, generator=g, dtype=torch.float64) / math.sqrt(cols)).to(dtype)
+
+
+def check_finite_state(name: str, round: int, state: Mapping[str, Any], what: Mapping[str, str]) -> None:
+    """Stop a diverging run naming the round and the first non-finite variable of ``what``.
+
+    Example:
+        >>> import torch
+        >>> state = {"x": torch.ones(1), "y": torch.tensor([float("nan")])}
+        >>> check_finite_state("fsgda", 3, state, {"x": "x (primal)", "y": "y (dual)"})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        fedrisk.errors.FedriskError: fsgda diverged in round 3: y (dual) became NaN/inf; lower the learning rates ...
+    """
+    for key, label in what.items():
+        if key in state and not tree_all_finite(state[key]):
+            raise FedriskError(
+                f"{name} diverged in round {round}: {label} became NaN/inf; lower the learning rates "
+                "(the last good checkpoint is kept)"
+            )
+
+
+def flat_directions(fn: Callable[[int, Tree, Tensor], tuple[Tensor, Tree, Tensor]], x: Tree, y: Tensor) -> Directions:
+    """:func:`~fedrisk.algorithms.primal_dual.tree_directions` with a fast path for a flat dict ``x``
+    (every model's parameters) and a tensor ``y``: no pytree work per local step.
+
+    Example:
+        >>> import torch
+        >>> game = lambda t, x, y: (y[0] * x["w"], {"w": y[0]}, x["w"])  # f = y w
+        >>> d = flat_directions(game, {"w": torch.ones(1)}, torch.ones(1))
+        >>> d(0, [torch.tensor([2.0])], [torch.tensor([3.0])])[1:]
+        ([tensor(3.)], [tensor([2.])])
+    """
+    if type(x) is not dict or not isinstance(y, Tensor) or not all(isinstance(v, Tensor) for v in x.values()):
+        return tree_directions(fn, x, y)
+    names = list(x)
+
+    def flat(t: int, xs: list[Tensor], ys: list[Tensor]) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        loss, gx, gy = fn(t, dict(zip(names, xs)), ys[0])
+        return loss, [gx[k] for k in names], [gy]
+
+    return flat
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FedriskError(f"{name} must be an integer >= {low}; got {value!r}")
+    check_range(name, value, low)
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is not None:
+        check_range(name, value, 0.0, None, low_inclusive=False)
+
+
+# ============================================================================================
+# Local SGDA: the shared round, the games
+# ============================================================================================
+
+
+@dataclass(frozen=True)
+class LocalSGDA(Algorithm):
+    """Local SGDA (Deng & Mahdavi, AISTATS 2021): K local simultaneous SGDA steps, then the plain
+    average of the sampled clients' ``(x, y)`` (``y`` projected onto ``Y``).
+
+    Args:
+        model: the functional model whose parameters are ``x``.
+        lr: ``η_{x,l}``, the local primal step.
+        lr_dual: ``η_{y,l}`` (None: the same as ``lr``).
+        local_steps: K.
+        batch_size: minibatch size of every local step.
+        clients_per_round: m (None: all M clients every round).
+        sampling: ``"with_replacement"`` or ``"shuffle"`` minibatches.
+        game / dual_dim / group_attr / wgan_lambda / quadratic_*: the objective (module docstring).
+    """
+
+    name: ClassVar[str] = "local_sgda"
+    batched_draw: ClassVar[bool] = True
+    scorer: ClassVar[bool] = False
+    uses_snapshot: ClassVar[bool] = False
+
+    model: Any
+    lr: float = 0.01
+    lr_dual: float | None = None
+    local_steps: int = 10
+    batch_size: int = 100
+    clients_per_round: int | None = None
+    sampling: str = "with_replacement"
+    game: str = "fair_class"
+    dual_dim: int | None = None
+    group_attr: str = "group"
+    wgan_lambda: float = 0.001
+    quadratic_curvature: float = 1.0
+    quadratic_mu: float = 1.0
+    quadratic_seed: int = 0
+
+    def __post_init__(self) -> None:
+        _positive("lr", self.lr)
+        _positive("lr_dual", self.lr_dual)
+        _check_int("local_steps", self.local_steps, 1)
+        _check_int("batch_size", self.batch_size, 1)
+        if self.sampling not in SAMPLING_CHOICES:
+            raise unknown_name("sampling", self.sampling, SAMPLING_CHOICES)
+        if self.clients_per_round is not None:
+            _check_int("clients_per_round", self.clients_per_round, 1)
+        if self.game not in GAMES:
+            raise unknown_name("game", self.game, GAMES)
+        if self.dual_dim is not None:
+            _check_int("dual_dim", self.dual_dim, 1)
+        check_range("wgan_lambda", self.wgan_lambda, 0.0, None)
+        _positive("quadratic_mu", self.quadratic_mu)
+
+    @property
+    def lr_y(self) -> float:
+        """``η_{y,l}``."""
+        return self.lr if self.lr_dual is None else self.lr_dual
+
+    # -- the game -----------------------------------------------------------------------
+    def check(self, fed: FedInfo) -> None:
+        if self.clients_per_round is not None and self.clients_per_round > fed.num_clients:
+            raise FedriskError(
+                f"clients_per_round = {self.clients_per_round} exceeds the number of clients M = {fed.num_clients}; "
+                f"allowed: 1 <= m <= {fed.num_clients}"
+            )
+        self.dual_dimension(fed)
+
+    def dual_dimension(self, fed: FedInfo) -> int:
+        """The dimension of ``y`` for this game on ``fed`` (raises on a mismatch)."""
+        if self.game == "fair_class":
+            if self.dual_dim is not None and self.dual_dim != fed.num_classes:
+                raise FedriskError(
+                    f"game 'fair_class': the simplex dimension dual_dim = {self.dual_dim} does not match the number "
+                    f"of classes {fed.num_classes}; set dual_dim = {fed.num_classes} or leave it unset"
+                )
+            return fed.num_classes
+        if self.game == "wgan":
+            if self.dual_dim not in (None, 2):
+                raise FedriskError(f"game 'wgan': the discriminator has 2 parameters; got dual_dim = {self.dual_dim}")
+            return 2
+        if self.dual_dim is None:
+            what = f"the number of groups of attribute {self.group_attr!r}" if self.game == "fair_group" else "d2"
+            raise FedriskError(f"game {self.game!r} needs dual_dim ({what})")
+        return self.dual_dim
+
+    @property
+    def dual_set(self) -> str:
+        """``Y``: the simplex for the fair-classification games, ``R^d`` otherwise."""
+        return "simplex" if self.game.startswith("fair") else "none"
+
+    def projection(self, fed: FedInfo) -> Callable[[Tensor], Tensor] | None:
+        """``P_Y`` (checking y's shape), or None for ``Y = R^d``."""
+        dim = self.dual_dimension(fed)
+        return None if self.dual_set == "none" else make_projection(self.dual_set, dim)
+
+    def init_dual(self, fed: FedInfo, like: Tensor) -> Tensor:
+        """``y_0``: the uniform weights on the simplex, 0 otherwise (φ = 0 for the WGAN)."""
+        dim = self.dual_dimension(fed)
+        if self.dual_set == "simplex":
+            return torch.full((dim,), 1.0 / dim, dtype=like.dtype, device=like.device)
+        return torch.zeros(dim, dtype=like.dtype, device=like.device)
+
+    def objective(self, x: Tree, y: Tensor, data: LocalData, idx: Tensor) -> Tensor:
+        """``f_i(x, y; ξ)`` on the rows ``idx`` of the client's data."""
+        inputs, labels = data.x[idx], data.y[idx]
+        if self.game == "wgan":
+            return wgan_objective(labels.to(y.dtype), self.model.apply(x, inputs).reshape(-1), y, self.wgan_lambda)
+        if self.game == "quadratic":
+            (xv,) = tensor_leaves(x)
+            a = quadratic_matrix(self.quadratic_seed, y.shape[-1], xv.shape[-1], xv.dtype).to(xv.device)
+            return quadratic_game(xv, y, inputs, a, self.quadratic_curvature, self.quadratic_mu)
+        per_sample = per_sample_cross_entropy(self.model.apply(x, inputs), labels)
+        groups = labels if self.game == "fair_class" else data.attrs[self.group_attr][idx]
+        return weighted_group_loss(per_sample, groups, y)
+
+    def gradients(self, x: Tree, y: Tensor, data: LocalData, idx: Tensor) -> tuple[Tensor, Tree, Tensor]:
+        """``(f, ∇_x f, ∇_y f)`` at ``(x, y)`` on one minibatch (one backward pass; the WGAN with
+        the affine generator in closed form, :func:`~fedrisk.objectives.minimax.wgan_affine_directions`)."""
+        if self.game == "wgan" and isinstance(x, Mapping) and set(x) == {"mu", "sigma"}:
+            z, real = data.x[idx].reshape(idx.shape[-1], -1)[:, 0].to(y.dtype), data.y[idx].to(y.dtype)
+            value, g_mu, g_sigma, g_phi = wgan_affine_directions(x["mu"], x["sigma"], z, real, y, self.wgan_lambda)
+            return value, {"mu": g_mu, "sigma": g_sigma}, g_phi
+        value, (gx, gy) = value_and_grad(lambda xy: self.objective(xy[0], xy[1], data, idx))((x, y))
+        return value, gx, gy
+
+    def _check_data(self, data: LocalData, fed: FedInfo) -> None:
+        if self.game == "fair_group":
+            if self.group_attr not in data.attrs:
+                raise FedriskError(
+                    f"game 'fair_group': the data has no attribute {self.group_attr!r}; "
+                    f"attributes: {', '.join(sorted(data.attrs)) or '(none)'} (set group_attr)"
+                )
+            if not in_functorch_transform():
+                top = int(data.attrs[self.group_attr].max()) + 1 if data.attrs[self.group_attr].numel() else 0
+                if top > self.dual_dimension(fed):
+                    raise FedriskError(
+                        f"game 'fair_group': attribute {self.group_attr!r} has group ids up to {top - 1} but the "
+                        f"simplex dimension dual_dim = {self.dual_dim}; set dual_dim to the number of groups"
+                    )
+
+    # -- server -------------------------------------------------------------------------
+    def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
+        y0 = self.init_dual(ctx.fed, tensor_leaves(params)[0])
+        state = {"x": params, "y": y0}
+        if self.uses_snapshot:
+            state["snapshot"] = params
+        return state
+
+    def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
+        clients = sample_clients(gen, ctx.fed.num_clients, self.clients_per_round)
+        return RoundPlan(clients, broadcast=self.broadcast(server_state))
+
+    def broadcast(self, server_state: Tree) -> dict[str, Any]:
+        """What every sampled client receives: ``(x_t, y_t)`` (+ the snapshot ``x̂`` of the "+" variants)."""
+        out = {"x": server_state["x"], "y": server_state["y"]}
+        if self.uses_snapshot:
+            out["snapshot"] = server_state["snapshot"]
+        return out
+
+    def aggregate(
+        self, ctx: RoundContext, server_state: Tree, plan: RoundPlan, replies: Replies, gen: torch.Generator
+    ) -> Tree:
+        new = self.server_step(ctx, server_state, replies)
+        if self.uses_snapshot:
+            refresh = (ctx.round + 1) % self.snapshot_period == 0  # type: ignore[attr-defined]
+            new["snapshot"] = new["x"] if refresh else server_state["snapshot"]
+        check_finite_state(self.name, ctx.round, new, {"x": "x (primal)", "y": "y (dual)", "z": "z (smoothing anchor)"})
+        return new
+
+    def server_step(self, ctx: RoundContext, server_state: Tree, replies: Replies) -> dict[str, Any]:
+        """Local SGDA: ``x_{t+1} = x̄``, ``y_{t+1} = P_Y(ȳ)`` (uniform means over S_t)."""
+        return {"x": replies.mean("x"), "y": self._project(ctx, replies.mean("y"))}
+
+    def _project(self, ctx: RoundContext, y: Tensor) -> Tensor:
+        proj = self.projection(ctx.fed)
+        return y if proj is None else proj(y)
+
+    def global_params(self, server_state: Tree) -> Tree:
+        return server_state["x"]
+
+    # -- client -------------------------------------------------------------------------
+    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
+        return {"batches": sample_batches(rng, num_samples, self.local_steps, self.batch_size, self.sampling)}
+
+    def directions(self, payload: Mapping[str, Any], data: LocalData, draws: Tree) -> Directions:
+        """Step ``k``'s ``(f, ∇_x f_i, ∇_y f_i)`` at ``(x_k, y_k)`` on minibatch ``ξ_k``; the "+"
+        variants take ``∇_y`` at ``(x̂, y_k)`` (the snapshot)."""
+        batches = draws["batches"]
+        snapshot = payload.get("snapshot")
+
+        def fn(t: int, x: Tree, y: Tensor) -> tuple[Tensor, Tree, Tensor]:
+            loss, gx, gy = self.gradients(x, y, data, batches[t])
+            if snapshot is not None:
+                _, _, gy = self.gradients(snapshot, y, data, batches[t])
+            return loss, gx, gy
+
+        return flat_directions(fn, payload["x"], payload["y"])
+
+    def local_window(self, ctx: RoundContext, payload: Mapping[str, Any], data: LocalData, draws: Tree) -> LocalWindow:
+        """Alg. 1's client loop: K simultaneous steps, ``y`` projected after every step."""
+        self._check_data(data, ctx.fed)
+        return local_sgda(
+            self.directions(payload, data, draws),
+            payload["x"],
+            payload["y"],
+            self.local_steps,
+            self.lr,
+            lr_dual=self.lr_y,
+            project_dual=self.projection(ctx.fed),
+        )
+
+    def client_update(
+        self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
+    ) -> ClientResult:
+        w = self.local_window(ctx, payload, data, draws)
+        return ClientResult({"x": w.v, "y": w.alpha}, state, {"loss": w.loss})
+
+    # -- evaluation ---------------------------------------------------------------------
+    def state_metrics(self, server_state: Tree, federation: Any) -> dict[str, float]:
+        """The game's own metrics of the server iterate (module docstring)."""
+        x, y = server_state["x"], server_state["y"]
+        out: dict[str, float] = {}
+        if self.game == "wgan" and isinstance(x, Mapping) and {"mu", "sigma"} <= set(x):
+            notes = federation.info.get("dataset_meta", {}).get("notes", {})
+            mu_hat, sigma_hat = float(notes.get("target_mu", 0.0)), float(notes.get("target_sigma", 0.1))
+            out["generator_error"] = float((x["mu"] - mu_hat) ** 2 + (x["sigma"] - sigma_hat) ** 2)
+        elif self.game == "quadratic":
+            (xv,) = tensor_leaves(x)
+            b = torch.stack([c.x.to(xv.dtype).mean(0) for c in federation.clients]).mean(0)  # eq. (1): 1/M Σ_i
+            a = quadratic_matrix(self.quadratic_seed, y.shape[-1], xv.shape[-1], xv.dtype)
+            grad = quadratic_grad_phi(xv, a, b, self.quadratic_curvature, self.quadratic_mu)
+            out["grad_phi_norm"] = float(torch.linalg.vector_norm(grad))
+        else:
+            out["dual_max"] = float(y.max())
+            test = federation.test
+            if self.game == "fair_group" and test is not None and self.group_attr in test.attrs and len(test):
+                from fedrisk.metrics import worst_group_accuracy
+
+                with torch.no_grad():
+                    scores = self.model.apply(x, test.x.to(tensor_leaves(x)[0].dtype))
+                out["test_worst_group_accuracy"] = worst_group_accuracy(scores, test.y, test.attrs[self.group_attr])
+        return out
+
+
+@dataclass(frozen=True)
+class FSGDA(LocalSGDA):
+    """FSGDA (Yang, Zhang, Fang & Liu 2022a): Local SGDA with global step sizes,
+    ``x_{t+1} = x_t + η_{x,g}(x̄ − x_t)``, ``y_{t+1} = P_Y(y_t + η_{y,g}(ȳ − y_t))`` (η_g > 1 extrapolates).
+
+    Args (beyond :class:`LocalSGDA`):
+        global_lr: ``η_{x,g}``.
+        global_lr_dual: ``η_{y,g}`` (None: the same as ``global_lr``).
+    """
+
+    name: ClassVar[str] = "fsgda"
+
+    global_lr: float = 1.0
+    global_lr_dual: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive("global_lr", self.global_lr)
+        _positive("global_lr_dual", self.global_lr_dual)
+
+    @property
+    def global_lr_y(self) -> float:
+        """``η_{y,g}``."""
+        return self.global_lr if self.global_lr_dual is None else self.global_lr_dual
+
+    def server_step(self, ctx: RoundContext, server_state: Tree, replies: Replies) -> dict[str, Any]:
+        x = extrapolate(server_state["x"], replies.mean("x"), self.global_lr)
+        y = self._project(ctx, extrapolate(server_state["y"], replies.mean("y"), self.global_lr_y))
+        return {"x": x, "y": y}
+
+
+@dataclass(frozen=True)
+class LocalSGDAPlus(LocalSGDA):
+    """Local SGDA+ (Deng & Mahdavi 2021, as analysed for NC-C by Sharma et al. 2022): Local SGDA
+    whose y-ascent uses a stale ``x̂``, ``y ← P_Y(y + η_{y,l} ∇_y f_i(x̂, y; ξ))``; the server sets
+    ``x̂ = x_{t+1}`` after every ``snapshot_period`` (S) rounds.  (The original refreshes every S
+    local iterations; here S counts rounds so that x̂ is a global iterate every client shares.)
+    """
+
+    name: ClassVar[str] = "local_sgda_plus"
+    uses_snapshot: ClassVar[bool] = True
+
+    snapshot_period: int = 5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_int("snapshot_period", self.snapshot_period, 1)
+
+
+# ============================================================================================
+# Fed-Norm-SGDA(+)
+# ============================================================================================
+
+
+@dataclass(frozen=True)
+class FedNormSGDA(FSGDA):
+    """Fed-Norm-SGDA (Sharma, Panda & Joshi 2023, arXiv 2302.04249): clients send the normalised
+    updates ``h_{x,i} = (x_t − x_i^{K+1}) / (η_{x,l} τ_i)`` and ``h_{y,i} = (y_i^{K+1} − y_t) / (η_{y,l} τ_i)``;
+    the server steps ``x_{t+1} = x_t − τ_eff η_{x,g} η_{x,l} Σ_i w_i h_{x,i}`` and
+    ``y_{t+1} = P_Y(y_t + τ_eff η_{y,g} η_{y,l} Σ_i w_i h_{y,i})``.
+
+    Here every client runs ``τ_i = K`` plain SGDA steps, so ``τ_eff = K``; with ``weighting =
+    "uniform"`` (``w_i = 1/m``) it equals FSGDA (to rounding), as spec §2.6 says;
+    ``"samples"`` weighs ``w_i ∝ n_i`` (the paper's data-size weights).
+    """
+
+    name: ClassVar[str] = "fed_norm_sgda"
+
+    weighting: str = "uniform"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.weighting not in WEIGHTINGS:
+            raise unknown_name("weighting", self.weighting, WEIGHTINGS)
+
+    def client_update(
+        self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
+    ) -> ClientResult:
+        w = self.local_window(ctx, payload, data, draws)
+        tau = self.local_steps
+        h_x = tree_map(lambda a, b: (a - b) / (self.lr * tau), payload["x"], w.v)
+        h_y = (w.alpha - payload["y"]) / (self.lr_y * tau)
+        return ClientResult({"h_x": h_x, "h_y": h_y}, state, {"loss": w.loss})
+
+    def server_step(self, ctx: RoundContext, server_state: Tree, replies: Replies) -> dict[str, Any]:
+        weights = ctx.fed.size_weights(replies.clients) if self.weighting == "samples" else None
+        h_x, h_y = replies.mean("h_x", weights), replies.mean("h_y", weights)
+        tau = self.local_steps
+        x = tree_map(lambda p, h: p - (tau * self.global_lr * self.lr) * h, server_state["x"], h_x)
+        y = self._project(ctx, server_state["y"] + (tau * self.global_lr_y * self.lr_y) * h_y)
+        return {"x": x, "y": y}
+
+
+@dataclass(frozen=True)
+class FedNormSGDAPlus(FedNormSGDA):
+    """Fed-Norm-SGDA+ (Sharma, Panda & Joshi 2023): Fed-Norm-SGDA whose clients take the y-gradient
+    at the snapshot ``x̂``, fixed for ``snapshot_period`` (S) rounds and then refreshed to the
+    current global x (spec §2.6)."""
+
+    name: ClassVar[str] = "fed_norm_sgda_plus"
+    uses_snapshot: ClassVar[bool] = True
+
+    snapshot_period: int = 5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_int("snapshot_period", self.snapshot_period, 1)
+
+
+# ============================================================================================
+# SAGDA
+# ============================================================================================
+
+
+@dataclass(frozen=True)
+class SAGDA(FSGDA):
+    r"""SAGDA (Yang, Zhang, Fang & Liu, NeurIPS 2022, arXiv 2210.00611): FSGDA with stochastic
+    sampling-averaging control variates.  One SAGDA iteration takes two communication rounds
+    (round kinds)::
+
+        "estimate" (even rounds): clients i ∈ S send g_i = ∇f_i(x_t, y_t; ξ_i);   server: v_t = mean_i g_i
+        "train"    (odd rounds):  clients i ∈ S run K local steps with the corrected directions
+                     d = ∇f_i(w_k; ξ_k) − ∇f_i(w_t; ξ_k) + v_t      (w = (x, y); y projected)
+                   server: the FSGDA step with η_{x,g}, η_{y,g}
+
+    Each round samples its own S (m clients); ``v`` is kept on the server and sent with
+    ``(x_t, y_t)`` in the train round.  The ledger therefore counts two rounds per iteration.
+    """
+
+    name: ClassVar[str] = "sagda"
+
+    def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
+        state = super().init_server(ctx, params, gen)
+        state["v_x"] = tree_map(torch.zeros_like, params)
+        state["v_y"] = torch.zeros_like(state["y"])
+        return state
+
+    def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
+        clients = sample_clients(gen, ctx.fed.num_clients, self.clients_per_round)
+        broadcast = self.broadcast(server_state)
+        if ctx.round % 2 == 0:
+            return RoundPlan(clients, broadcast=broadcast, kind=ESTIMATE)
+        return RoundPlan(clients, broadcast={**broadcast, "v_x": server_state["v_x"], "v_y": server_state["v_y"]})
+
+    def directions(self, payload: Mapping[str, Any], data: LocalData, draws: Tree) -> Directions:
+        batches, x0, y0 = draws["batches"], payload["x"], payload["y"]
+        v_x, v_y = payload["v_x"], payload["v_y"]
+
+        def fn(t: int, x: Tree, y: Tensor) -> tuple[Tensor, Tree, Tensor]:
+            loss, gx, gy = self.gradients(x, y, data, batches[t])
+            _, rx, ry = self.gradients(x0, y0, data, batches[t])
+            return loss, tree_map(lambda g, r, v: g - r + v, gx, rx, v_x), gy - ry + v_y
+
+        return flat_directions(fn, x0, y0)
+
+    def client_update(
+        self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
+    ) -> ClientResult:
+        if ctx.kind == ESTIMATE:
+            self._check_data(data, ctx.fed)
+            loss, gx, gy = self.gradients(payload["x"], payload["y"], data, draws["batches"][0])
+            return ClientResult({"g_x": gx, "g_y": gy}, state, {"loss": loss})
+        return super().client_update(ctx, payload, state, data, draws)
+
+    def aggregate(
+        self, ctx: RoundContext, server_state: Tree, plan: RoundPlan, replies: Replies, gen: torch.Generator
+    ) -> Tree:
+        if ctx.kind == ESTIMATE:
+            new = {**server_state, "v_x": replies.mean("g_x"), "v_y": replies.mean("g_y")}
+            check_finite_state(self.name, ctx.round, new, {"v_x": "v_x (control variate)", "v_y": "v_y"})
+            return new
+        return {**server_state, **super().aggregate(ctx, server_state, plan, replies, gen)}

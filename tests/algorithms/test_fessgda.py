@@ -1,0 +1,349 @@
+"""FESS-GDA and the Local SGDA family (spec 001 §7.1): reductions, the server map, sampling,
+messages, bad input, a short behavioural WGAN run."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from fedrisk.algorithms import ALGORITHMS
+from fedrisk.algorithms.base import FedInfo, RoundContext
+from fedrisk.algorithms.fessgda import FESSGDA, FESSGDARegularized, smoothing_step
+from fedrisk.algorithms.sgda import FSGDA, SAGDA, FedNormSGDA, LocalSGDA, LocalSGDAPlus, quadratic_matrix
+from fedrisk.data import build_federation
+from fedrisk.data.federation import Federation, Samples
+from fedrisk.errors import FedriskError
+from fedrisk.models import FunctionalModel, build_model
+from fedrisk.rng import server_generator
+from fedrisk.runtime.simulation import Simulation
+from fedrisk.tree import tensor_leaves
+
+F64 = torch.float64
+D1, D2 = 3, 4
+
+
+def quad_fed(num_clients: int = 5, **options: Any) -> Federation:
+    opts = {"dim": D2, "samples_per_client": 20, "heterogeneity": 1.0, "noise_std": 0.3, **options}
+    return build_federation("nc_sc_quadratic", "by_attribute", num_clients, seed=0, dataset_options=opts)
+
+
+def vector_model(init: float = 0.5) -> FunctionalModel:
+    return FunctionalModel(build_model("vector", (D2,), D1, init=init))
+
+
+def quad(cls: type, **kw: Any) -> Any:
+    base = {"game": "quadratic", "dual_dim": D2, "quadratic_mu": 0.5, "lr": 0.05, "local_steps": 4, "batch_size": 5}
+    return cls(model=vector_model(), **{**base, **kw})
+
+
+def run_states(alg: Any, fed: Federation, rounds: int, seed: int = 0) -> list[dict[str, Any]]:
+    sim = Simulation(alg, fed, seed=seed, dtype=F64)
+    out = []
+    for _ in range(rounds):
+        sim.step()
+        out.append(sim.server_state)
+    return out
+
+
+def assert_rel(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-12) -> None:
+    err = float((a - b).norm() / max(float(b.norm()), 1e-300))
+    assert err <= tol, err
+
+
+def xy(state: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    return tensor_leaves(state["x"])[0], state["y"]
+
+
+# -- reductions (U1, U2) ----------------------------------------------------------------------
+def test_p0_and_unit_global_rates_is_local_sgda_for_50_rounds() -> None:
+    fed = quad_fed()
+    fess = run_states(quad(FESSGDA, smoothing=0.0, beta=0.3, clients_per_round=3), fed, 50)
+    local = run_states(quad(LocalSGDA, clients_per_round=3), fed, 50)
+    for a, b in zip(fess, local):
+        for u, v in zip(xy(a), xy(b)):
+            assert_rel(u, v)
+    assert float(xy(fess[-1])[0].norm()) > 0  # the run moved
+
+
+@pytest.mark.parametrize("global_lr", [1.5, 2.0])
+def test_p0_is_fsgda_and_fed_norm_sgda_is_fsgda(global_lr: float) -> None:
+    fed = quad_fed()
+    kw = {"clients_per_round": 3, "global_lr": global_lr, "lr_dual": 0.03, "global_lr_dual": 1.25}
+    fess = run_states(quad(FESSGDA, smoothing=0.0, **kw), fed, 50)
+    fsgda = run_states(quad(FSGDA, **kw), fed, 50)
+    norm = run_states(quad(FedNormSGDA, **kw), fed, 50)
+    for a, b, c in zip(fess, fsgda, norm):
+        for u, v, w in zip(xy(a), xy(b), xy(c)):
+            assert_rel(u, v)
+            assert_rel(w, v)
+
+
+def test_smoothing_changes_the_iterates() -> None:
+    fed = quad_fed()
+    a = run_states(quad(FESSGDA, smoothing=1.0, beta=0.5, global_lr=1.5), fed, 5)[-1]
+    b = run_states(quad(FSGDA, global_lr=1.5), fed, 5)[-1]
+    assert float((xy(a)[0] - xy(b)[0]).norm()) > 1e-3
+
+
+# -- the centralised limit (U3) ---------------------------------------------------------------
+def test_one_client_one_step_is_centralised_smoothed_gda_by_hand() -> None:
+    """M = m = 1, K = 1, η_g = 1, no noise (every minibatch is the full batch): two rounds by hand."""
+    fed = quad_fed(1, heterogeneity=0.0, noise_std=0.0)
+    lr, lr_y, p, beta, c, mu = 0.1, 0.2, 0.7, 0.4, 1.0, 0.5
+    alg = quad(FESSGDA, lr=lr, lr_dual=lr_y, smoothing=p, beta=beta, local_steps=1, quadratic_mu=mu)
+    states = run_states(alg, fed, 2)
+    a = quadratic_matrix(0, D2, D1, F64)
+    b = fed.clients[0].x.to(F64)[0]
+    x, y = torch.full((D1,), 0.5, dtype=F64), torch.zeros(D2, dtype=F64)
+    z = x.clone()
+    for state in states:
+        gx = -c * torch.sin(x) + a.T @ y
+        gy = a @ x + b - mu * y
+        x, y = x - lr * (gx + p * (x - z)), y + lr_y * gy
+        z = z + beta * (x - z)
+        torch.testing.assert_close(xy(state)[0], x, rtol=1e-13, atol=1e-13)
+        torch.testing.assert_close(xy(state)[1], y, rtol=1e-13, atol=1e-13)
+        torch.testing.assert_close(tensor_leaves(state["z"])[0], z, rtol=1e-13, atol=1e-13)
+
+
+# -- the server map (U4) ----------------------------------------------------------------------
+@pytest.mark.parametrize(("c", "beta"), [(0.1, 0.05), (0.5, 0.5), (0.9, 1.0)])
+def test_server_map_with_zero_gradient(c: float, beta: float) -> None:
+    x, z = torch.tensor([1.0, -2.0], dtype=F64), torch.tensor([0.5, 0.0], dtype=F64)
+    for _ in range(5):
+        x_new, z_new = smoothing_step(x, x, z, 1.0, c, beta)  # f ≡ 0: x̄ = x
+        torch.testing.assert_close(x_new, x - c * (x - z), rtol=0, atol=1e-15)
+        torch.testing.assert_close(z_new, z + beta * (x_new - z), rtol=0, atol=1e-15)
+        torch.testing.assert_close(x_new - z_new, (1 - c) * (1 - beta) * (x - z), rtol=1e-13, atol=1e-15)
+        x, z = x_new, z_new
+
+
+def test_server_step_uses_old_x_and_z_and_the_global_rates() -> None:
+    alg = quad(FESSGDA, lr=0.1, local_steps=3, smoothing=2.0, beta=0.25, global_lr=1.5)
+    x, z, x_bar = torch.tensor([1.0], dtype=F64), torch.tensor([0.2], dtype=F64), torch.tensor([0.4], dtype=F64)
+    coef = 0.1 * 1.5 * 3 * 2.0
+    x1, z1 = smoothing_step({"x": x}, {"x": x_bar}, {"x": z}, alg.global_lr, coef, alg.beta)
+    want = x + 1.5 * (x_bar - x) - coef * (x - z)
+    torch.testing.assert_close(x1["x"], want)
+    torch.testing.assert_close(z1["x"], z + 0.25 * (want - z))
+
+
+# -- sampling (U6) and messages (U7) ----------------------------------------------------------
+def test_exactly_m_distinct_clients_and_uniform_inclusion() -> None:
+    alg = quad(FESSGDA, clients_per_round=3)
+    info = FedInfo(10, (5,) * 10, 1)
+    counts = torch.zeros(10)
+    state = {"x": {"x": torch.zeros(D1)}, "y": torch.zeros(D2), "z": {"x": torch.zeros(D1)}}
+    rounds = 10_000
+    for r in range(rounds):
+        plan = alg.configure(RoundContext(r, info), state, server_generator(0, r, "configure"))
+        assert len(plan.clients) == 3 == len(set(plan.clients))
+        counts[plan.clients] += 1
+    p = 3 / 10
+    se = math.sqrt(p * (1 - p) / rounds)
+    assert bool(((counts / rounds - p).abs() <= 3 * se + 1e-12).all()), counts / rounds
+    full = quad(FESSGDA).configure(RoundContext(0, info), state, server_generator(0, 0, "configure"))
+    assert full.clients == list(range(10))
+
+
+def test_z_is_never_sent() -> None:
+    fed = quad_fed()
+    fess, fsgda = quad(FESSGDA, clients_per_round=3), quad(FSGDA, clients_per_round=3)
+    sims = [Simulation(a, fed, seed=1, dtype=F64) for a in (fess, fsgda)]
+    for s in sims:
+        for _ in range(3):
+            s.step()
+    plan = fess.configure(RoundContext(0, sims[0].info), sims[0].server_state, server_generator(1, 0, "configure"))
+    assert sorted(plan.broadcast) == ["x", "y"]
+    assert "z" in sims[0].server_state
+    assert sims[0].ledger.total_down == sims[1].ledger.total_down
+    assert sims[0].ledger.total_up == sims[1].ledger.total_up
+
+
+# -- the variants ------------------------------------------------------------------------------
+def test_snapshot_with_one_local_step_and_period_one_is_local_sgda() -> None:
+    fed = quad_fed()
+    plus = run_states(quad(LocalSGDAPlus, local_steps=1, snapshot_period=1), fed, 10)
+    plain = run_states(quad(LocalSGDA, local_steps=1), fed, 10)
+    for a, b in zip(plus, plain):
+        for u, v in zip(xy(a), xy(b)):
+            assert_rel(u, v)
+    stale = run_states(quad(LocalSGDAPlus, snapshot_period=3), fed, 6)
+    assert torch.equal(tensor_leaves(stale[1]["snapshot"])[0], torch.full((D1,), 0.5, dtype=F64))  # x_0 kept
+    assert torch.equal(stale[2]["snapshot"]["x"], stale[2]["x"]["x"])  # refreshed after round 3
+
+
+def test_sagda_alternates_estimate_and_train_rounds() -> None:
+    """M = m = 1, K = 1: a train round's step is exactly −η v (the local gradient cancels)."""
+    fed = quad_fed(1)
+    alg = quad(SAGDA, local_steps=1, lr=0.1)
+    sim = Simulation(alg, fed, seed=0, dtype=F64)
+    kinds = [sim.step().kind for _ in range(2)]
+    assert kinds == ["estimate", "train"]
+    sim = Simulation(alg, fed, seed=0, dtype=F64)
+    sim.step()
+    before = {k: v for k, v in sim.server_state.items()}
+    sim.step()
+    after = sim.server_state
+    torch.testing.assert_close(after["x"]["x"], before["x"]["x"] - 0.1 * before["v_x"]["x"], rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(after["y"], before["y"] + 0.1 * before["v_y"], rtol=1e-14, atol=1e-14)
+
+
+def test_regularised_variant_adds_the_dual_pull() -> None:
+    fed = quad_fed(1, heterogeneity=0.0, noise_std=0.0)
+    reg = quad(FESSGDARegularized, local_steps=1, epsilon=0.4, dual_diameter=2.0, smoothing=0.0)
+    plain = quad(FESSGDA, local_steps=1, smoothing=0.0)
+    a, b = run_states(reg, fed, 2), run_states(plain, fed, 2)
+    # round 1 starts from y_0 = 0: no pull yet; round 2's y-step has −(ε/2D)(y_1 − 0) more
+    assert_rel(a[0]["y"], b[0]["y"])
+    assert reg.dual_reg == pytest.approx(0.1)
+    assert float((a[1]["y"] - b[1]["y"]).norm()) > 0
+    with pytest.raises(FedriskError, match="dual_diameter"):
+        quad(FESSGDARegularized)
+
+
+# -- fair classification ---------------------------------------------------------------------
+def group_fed() -> Federation:
+    g = torch.Generator().manual_seed(0)
+
+    def part(n: int) -> Samples:
+        x = torch.randn(n, 4, generator=g, dtype=F64)
+        y = (x[:, 0] > 0).long()
+        return Samples(x, y, {"group": torch.arange(n) % 3})
+
+    return Federation("groups", [part(12) for _ in range(4)], 2, test=part(30))
+
+
+def test_fair_group_game_keeps_y_on_the_simplex_and_reports_worst_group_accuracy() -> None:
+    fed = group_fed()
+    model = FunctionalModel(build_model("logreg", (4,), 2))
+    alg = FESSGDA(model=model, game="fair_group", dual_dim=3, lr=0.5, global_lr=2.0, local_steps=3, batch_size=6)
+    sim = Simulation(alg, fed, seed=0, dtype=F64)
+    for _ in range(4):
+        sim.step()
+    y = sim.server_state["y"]
+    assert y.shape == (3,) and abs(float(y.sum()) - 1) < 1e-12 and bool((y >= 0).all())
+    metrics = alg.state_metrics(sim.server_state, fed)
+    assert 0 <= metrics["test_worst_group_accuracy"] <= 1 and metrics["dual_max"] >= 1 / 3
+
+
+# -- bad input -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"lr": 0.0}, "lr = 0.0"),
+        ({"lr_dual": -1.0}, "lr_dual"),
+        ({"global_lr": 0.0}, "global_lr"),
+        ({"global_lr_dual": -0.5}, "global_lr_dual"),
+        ({"beta": 0.0}, "beta"),
+        ({"beta": 1.5}, "beta"),
+        ({"smoothing": -1.0}, "smoothing"),
+        ({"local_steps": 0}, "local_steps"),
+        ({"game": "chess"}, "unknown game 'chess'"),
+        ({"sampling": "sorted"}, "sampling"),
+    ],
+)
+def test_bad_hyper_parameters_are_named(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(FedriskError, match=message):
+        FESSGDA(model=None, **kwargs)
+
+
+def test_more_sampled_clients_than_clients_is_refused() -> None:
+    with pytest.raises(FedriskError, match="clients_per_round = 6 exceeds the number of clients M = 5"):
+        Simulation(quad(FESSGDA, clients_per_round=6), quad_fed(), seed=0)
+
+
+def test_simplex_dimension_must_match_the_classes_and_groups() -> None:
+    fed = group_fed()
+    model = FunctionalModel(build_model("logreg", (4,), 2))
+    with pytest.raises(FedriskError, match="dual_dim = 3 does not match the number of classes 2"):
+        Simulation(FESSGDA(model=model, dual_dim=3), fed, seed=0)
+    with pytest.raises(FedriskError, match="needs dual_dim"):
+        Simulation(FESSGDA(model=model, game="fair_group"), fed, seed=0)
+    sim = Simulation(FESSGDA(model=model, game="fair_group", dual_dim=2, batch_size=4), fed, seed=0)
+    with pytest.raises(FedriskError, match="group ids up to 2 but the simplex dimension dual_dim = 2"):
+        sim.step()
+    sim = Simulation(FESSGDA(model=model, game="fair_group", dual_dim=3, group_attr="sex"), fed, seed=0)
+    with pytest.raises(FedriskError, match="no attribute 'sex'; attributes: group"):
+        sim.step()
+    with pytest.raises(FedriskError, match="discriminator has 2 parameters"):
+        Simulation(FESSGDA(model=model, game="wgan", dual_dim=3), fed, seed=0)
+
+
+def test_divergence_names_the_round_and_the_variable() -> None:
+    fed = build_federation("wgan_1d", "iid", 2, seed=0, dataset_options={"num_samples": 200})
+    gen = FunctionalModel(build_model("affine_generator", (1,), 1))
+    alg = FSGDA(model=gen, game="wgan", lr=50.0, global_lr=2.0, local_steps=5, batch_size=10, wgan_lambda=0.0)
+    sim = Simulation(alg, fed, seed=0, dtype=F64)
+    with pytest.raises(FedriskError, match=r"diverged in round \d+: (x \(primal\)|y \(dual\)) became NaN/inf|NaN/inf"):
+        for _ in range(200):
+            sim.step()
+
+
+def test_diverging_config_run_stops_naming_round_and_variable_and_keeps_its_checkpoint(tmp_path: Any) -> None:
+    from fedrisk.experiment.config import resolve_config
+    from fedrisk.experiment.runner import load_checkpoint, run_experiment
+
+    raw = {
+        "data": {"dataset": "wgan_1d", "num_clients": 2, "dataset_options": {"num_samples": 200}},
+        "model": {"name": "affine_generator"},
+        "algorithm": {"name": "fsgda", "game": "wgan", "lr": 0.5, "global_lr": 2.0, "local_steps": 2,
+                      "batch_size": 10, "wgan_lambda": 0.0},
+        "run": {"rounds": 50, "splits": [], "dtype": "float64", "checkpoint_every": 1},
+        "output": {"plots": False},
+    }
+    with pytest.raises(FedriskError, match=r"NaN/inf values in round 5 .*non-finite: .*\by\b"):
+        run_experiment(resolve_config(raw), tmp_path / "run", progress="none")
+    ckpt = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    assert ckpt["simulation"]["round"] == 5
+    assert all(bool(torch.isfinite(v).all()) for v in tensor_leaves(ckpt["simulation"]["server_state"]))
+
+
+def test_every_family_member_is_registered() -> None:
+    for name in ("fessgda", "fessgda_ncc", "local_sgda", "local_sgda_plus", "fsgda", "fed_norm_sgda",
+                 "fed_norm_sgda_plus", "sagda"):
+        assert name in ALGORITHMS
+
+
+# -- behaviour: the WGAN of §4.1 ---------------------------------------------------------------
+def wgan_error(cls: type, rounds: int, **kw: Any) -> float:
+    fed = build_federation("wgan_1d", "iid", 10, seed=0)
+    gen = FunctionalModel(build_model("affine_generator", (1,), 1))
+    alg = cls(model=gen, game="wgan", local_steps=10, batch_size=100, **kw)
+    sim = Simulation(alg, fed, seed=0, dtype=F64, executor="vectorized")
+    for _ in range(rounds):
+        sim.step()
+    return alg.state_metrics(sim.server_state, fed)["generator_error"]
+
+
+def test_fessgda_solves_the_wgan_where_fsgda_stalls() -> None:
+    """λ = 0.01, lr 0.1 / η_g 1 (best of the grid for both in the prototype), 150 rounds."""
+    fess = wgan_error(FESSGDA, 150, lr=0.1, wgan_lambda=0.01, smoothing=1.0, beta=0.05)
+    fsgda = wgan_error(FSGDA, 150, lr=0.1, wgan_lambda=0.01)
+    assert fess < 1e-3, fess
+    assert fsgda > 10 * fess, (fess, fsgda)
+
+
+def test_fed_norm_sample_weighting_differs_from_uniform_on_unequal_clients() -> None:
+    fed = group_fed()
+    parts = [fed.clients[0], fed.clients[1].subset(list(range(6))), *fed.clients[2:]]
+    fed = Federation("uneven", parts, 2, test=fed.test)
+    model = FunctionalModel(build_model("logreg", (4,), 2))
+    kw = {"model": model, "lr": 0.3, "local_steps": 3, "batch_size": 4}
+    a = run_states(FedNormSGDA(weighting="samples", **kw), fed, 2)[-1]
+    b = run_states(FedNormSGDA(weighting="uniform", **kw), fed, 2)[-1]
+    assert float((a["y"] - b["y"]).norm()) > 0
+    with pytest.raises(FedriskError, match="unknown weighting 'size'"):
+        FedNormSGDA(model=model, weighting="size")
+
+
+def test_regularised_variant_on_the_simplex_uses_its_diameter() -> None:
+    fed = group_fed()
+    model = FunctionalModel(build_model("logreg", (4,), 2))
+    alg = FESSGDARegularized(model=model, epsilon=0.2, local_steps=2, batch_size=4)
+    assert alg.dual_reg == pytest.approx(0.2 / (2 * math.sqrt(2)))
+    y = run_states(alg, fed, 2)[-1]["y"]
+    assert abs(float(y.sum()) - 1) < 1e-12 and bool((y >= 0).all())

@@ -1,0 +1,148 @@
+"""Projections and games of fedrisk.objectives.minimax (spec 001 §7.1-U5)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from fedrisk.errors import FedriskError
+from fedrisk.objectives.minimax import (
+    group_losses,
+    make_projection,
+    project_ball,
+    project_box,
+    project_simplex,
+    quadratic_game,
+    quadratic_grad_phi,
+    wgan_objective,
+    wgan_phi,
+)
+
+F64 = torch.float64
+
+
+def brute_force_simplex(v: torch.Tensor) -> torch.Tensor:
+    """The projection by enumerating supports: for support S the KKT point is max(v - θ_S, 0) with
+    θ_S = (Σ_S v - 1)/|S|; keep the feasible candidates that satisfy the KKT conditions
+    (p_i = v_i - θ > 0 on S, v_j <= θ off S) and return the closest one."""
+    n = v.shape[0]
+    best, best_d = None, float("inf")
+    for size in range(1, n + 1):
+        for support in itertools.combinations(range(n), size):
+            s = list(support)
+            theta = (v[s].sum() - 1) / size
+            p = torch.zeros_like(v)
+            p[s] = v[s] - theta
+            off = [j for j in range(n) if j not in support]
+            if (p[s] <= 0).any() or (off and (v[off] > theta + 1e-12).any()):
+                continue
+            d = float(((p - v) ** 2).sum())
+            if d < best_d:
+                best, best_d = p, d
+    assert best is not None
+    return best
+
+
+def test_simplex_projection_matches_the_brute_force_kkt_solution() -> None:
+    g = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        n = 1 + trial % 6
+        v = torch.randn(n, generator=g, dtype=F64) * (0.1 + trial % 4)
+        p = project_simplex(v)
+        torch.testing.assert_close(p, brute_force_simplex(v), rtol=0, atol=1e-12)
+        assert abs(float(p.sum()) - 1) < 1e-12 and bool((p >= 0).all())
+
+
+def test_simplex_projection_is_rowwise_and_idempotent() -> None:
+    g = torch.Generator().manual_seed(1)
+    v = torch.randn(7, 5, generator=g, dtype=F64) * 3
+    p = project_simplex(v)
+    for i in range(7):
+        torch.testing.assert_close(p[i], project_simplex(v[i]), rtol=0, atol=1e-15)
+    torch.testing.assert_close(project_simplex(p), p, rtol=0, atol=1e-15)
+    # ties and a point far outside
+    tie = project_simplex(torch.tensor([5.0, 5.0, -9.0], dtype=F64))
+    torch.testing.assert_close(tie, torch.tensor([0.5, 0.5, 0.0], dtype=F64))
+
+
+def test_simplex_projection_runs_under_vmap() -> None:
+    v = torch.randn(4, 3, generator=torch.Generator().manual_seed(2), dtype=F64)
+    torch.testing.assert_close(torch.vmap(project_simplex)(v), project_simplex(v))
+
+
+def test_box_and_ball() -> None:
+    v = torch.tensor([-3.0, 0.2, 9.0], dtype=F64)
+    assert project_box(v, -1.0, 1.0).tolist() == [-1.0, 0.2, 1.0]
+    b = project_ball(v, 2.0)
+    assert abs(float(b.norm()) - 2.0) < 1e-12
+    torch.testing.assert_close(b / b.norm(), v / v.norm())
+    inside = torch.tensor([0.1, 0.2], dtype=F64)
+    assert torch.equal(project_ball(inside, 1.0), inside)
+    with pytest.raises(FedriskError, match=r"low = 2\.0 must be <= high = 1\.0"):
+        project_box(v, 2.0, 1.0)
+    with pytest.raises(FedriskError, match="radius"):
+        project_ball(v, 0.0)
+
+
+def test_make_projection_checks_names_and_shapes() -> None:
+    with pytest.raises(FedriskError, match="unknown dual_set 'sphere'"):
+        make_projection("sphere", 3)
+    with pytest.raises(FedriskError, match="dimension must be an integer >= 1"):
+        make_projection("simplex", 0)
+    proj = make_projection("box", 2, low=0.0, high=1.0)
+    with pytest.raises(FedriskError, match=r"dimension 2; got y of shape \(3,\)"):
+        proj(torch.zeros(3))
+    with pytest.raises(FedriskError, match=r"got y of shape \(\)"):
+        make_projection("simplex", 1)(torch.tensor(1.0))
+    assert make_projection("none", 2)(torch.tensor([5.0, -5.0])).tolist() == [5.0, -5.0]
+
+
+def test_group_losses_ignore_absent_groups() -> None:
+    per = torch.tensor([1.0, 2.0, 3.0, 10.0], dtype=F64)
+    out = group_losses(per, torch.tensor([2, 2, 0, 2]), 4)
+    assert out.tolist() == [3.0, 0.0, 13.0 / 3, 0.0]
+
+
+def test_wgan_closed_form_phi_is_the_max_over_phi() -> None:
+    """Φ(μ, σ) = max_φ f: the maximiser φ* = (A, B)/(2λ) attains the closed form (spec §4.1)."""
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(500, generator=g, dtype=F64)
+    mu, sigma, lam = 0.3, 0.7, 0.01
+    real, fake = 0.1 * z, mu + sigma * z
+    a = (real - fake).mean()
+    b = (real**2 - fake**2).mean()
+    phi_star = torch.stack([a, b]) / (2 * lam)
+    value = float(wgan_objective(real, fake, phi_star, lam))
+    assert value == pytest.approx(wgan_phi(mu, sigma, z, 0.0, 0.1, lam), rel=1e-12)
+    # any other φ gives less (strong concavity)
+    assert float(wgan_objective(real, fake, phi_star + 0.01, lam)) < value
+
+
+def test_quadratic_game_gradient_of_phi_is_exact() -> None:
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(3, 2, generator=g, dtype=F64)
+    b = torch.randn(3, generator=g, dtype=F64)
+    x = torch.randn(2, generator=g, dtype=F64, requires_grad=True)
+    mu, c = 0.5, 0.7
+    y_star = (a @ x + b) / mu
+    phi = quadratic_game(x, y_star, b[None], a, c, mu)  # Φ(x) = f(x, y*(x))
+    (grad,) = torch.autograd.grad(phi, x)
+    torch.testing.assert_close(grad, quadratic_grad_phi(x.detach(), a, b, c, mu), rtol=1e-12, atol=1e-12)
+
+
+def test_wgan_closed_form_directions_equal_autograd() -> None:
+    from fedrisk.objectives.minimax import wgan_affine_directions
+
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn(100, generator=g, dtype=F64)
+    real = 0.1 * z
+    leaves = [torch.tensor(v, dtype=F64, requires_grad=True) for v in (0.7, 1.3)]
+    phi = torch.randn(2, generator=g, dtype=F64, requires_grad=True)
+    value = wgan_objective(real, leaves[0] + leaves[1] * z, phi, 0.005)
+    auto = torch.autograd.grad(value, [*leaves, phi])
+    mu, sigma = (leaf.detach() for leaf in leaves)
+    f, g_mu, g_sigma, g_phi = wgan_affine_directions(mu, sigma, z, real, phi.detach(), 0.005)
+    for got, want in zip((f, g_mu, g_sigma, g_phi), (value.detach(), *auto)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
