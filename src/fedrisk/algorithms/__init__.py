@@ -16,6 +16,7 @@ from fedrisk.algorithms.base import (
 )
 from fedrisk.algorithms.codasca import CODA, CODASCA, NPA, CODAPlus
 from fedrisk.algorithms.fedavg import FedAvg, FedProx
+from fedrisk.algorithms.frpg import FRPG, LFRPG, RSA, RobustSGD
 from fedrisk.algorithms.local_only import Centralized, LocalOnly, centralized
 from fedrisk.algorithms.scaffold import Scaffold
 from fedrisk.registry import Registry
@@ -30,12 +31,19 @@ ALGORITHMS.add("coda", CODA, "CODA: stagewise local primal-dual AUC SGD + pooled
 ALGORITHMS.add("codaplus", CODAPlus, "CODA+: stagewise local primal-dual AUC SGD with prox term (Alg. 1-2)")
 ALGORITHMS.add("npa", NPA, "NPA: CODA+ with I = 1 and local minibatch M (naive parallel PPD-SG)")
 ALGORITHMS.add("codasca", CODASCA, "CODASCA: CODA+ with primal/dual control variates, global step (Alg. 3-4)")
+ALGORITHMS.add("frpg", FRPG, "FRPG: Byzantine-resilient accelerated proximal gradient, Huber penalty (Alg. 1)")
+ALGORITHMS.add("lfrpg", LFRPG, "LFRPG: FRPG with T local slots per round (Alg. 2; variant seq / lit)")
+ALGORITHMS.add("rsa", RSA, "RSA: robust stochastic aggregation with the l1 penalty, step lr/sqrt(k)")
+ALGORITHMS.add("robust_sgd", RobustSGD, "SGD whose server combines gradients with any aggregator (krum, median, ...)")
 
 __all__ = [
     "ALGORITHMS",
     "CODA",
     "CODASCA",
+    "FRPG",
+    "LFRPG",
     "NPA",
+    "RSA",
     "Algorithm",
     "CODAPlus",
     "Centralized",
@@ -45,6 +53,7 @@ __all__ = [
     "FedProx",
     "LocalData",
     "LocalOnly",
+    "RobustSGD",
     "RoundContext",
     "RoundPlan",
     "Scaffold",
