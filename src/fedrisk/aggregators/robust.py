@@ -28,7 +28,7 @@ first (``nonfinite="exclude"``; the count conditions are then checked on the row
 Client weights are ignored by every robust rule (a weighted median would let a Byzantine client
 claim a large weight).
 
-The docs table with breakdown points and costs is in ``docs/aggregators.md``.
+The docs table with breakdown points and costs is in ``docs/byzantine.md``.
 
 Example:
     >>> import torch
