@@ -18,6 +18,7 @@ from fedrisk.algorithms.codasca import CODA, CODASCA, NPA, CODAPlus
 from fedrisk.algorithms.fedavg import FedAvg, FedProx
 from fedrisk.algorithms.fedxl import FeDXL1, FeDXL2
 from fedrisk.algorithms.fessgda import FESSGDA, FESSGDARegularized
+from fedrisk.algorithms.frpg import FRPG, LFRPG, RSA, RobustSGD
 from fedrisk.algorithms.local_only import Centralized, LocalOnly, centralized
 from fedrisk.algorithms.local_pair import CentralizedPair, LocalPair
 from fedrisk.algorithms.scaffold import Scaffold
@@ -47,14 +48,21 @@ ALGORITHMS.add("fsgda", FSGDA, "FSGDA: Local SGDA with global step sizes eta_g")
 ALGORITHMS.add("fed_norm_sgda", FedNormSGDA, "Fed-Norm-SGDA: normalised client updates, global step sizes")
 ALGORITHMS.add("fed_norm_sgda_plus", FedNormSGDAPlus, "Fed-Norm-SGDA+: Fed-Norm-SGDA with a snapshot x for y-steps")
 ALGORITHMS.add("sagda", SAGDA, "SAGDA: FSGDA with sampled-client gradient control variates (2 rounds/iter)")
+ALGORITHMS.add("frpg", FRPG, "FRPG: Byzantine-resilient accelerated proximal gradient, Huber penalty (Alg. 1)")
+ALGORITHMS.add("lfrpg", LFRPG, "LFRPG: FRPG with T local slots per round (Alg. 2; variant seq / lit)")
+ALGORITHMS.add("rsa", RSA, "RSA: robust stochastic aggregation with the l1 penalty, step lr/sqrt(k)")
+ALGORITHMS.add("robust_sgd", RobustSGD, "SGD whose server combines gradients with any aggregator (krum, median, ...)")
 
 __all__ = [
     "ALGORITHMS",
     "CODA",
     "CODASCA",
     "FESSGDA",
+    "FRPG",
     "FSGDA",
+    "LFRPG",
     "NPA",
+    "RSA",
     "SAGDA",
     "Algorithm",
     "CODAPlus",
@@ -74,6 +82,7 @@ __all__ = [
     "LocalPair",
     "LocalSGDA",
     "LocalSGDAPlus",
+    "RobustSGD",
     "RoundContext",
     "RoundPlan",
     "Scaffold",

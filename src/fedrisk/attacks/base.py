@@ -2,12 +2,14 @@
 
 An attack sits between the clients' replies and the server's aggregation.  It sees every
 reply (omniscient attacks such as ALIE or IPM use the honest ones) and returns the replies the
-server receives, with the Byzantine clients' entries replaced.
+server receives, with the Byzantine clients' entries replaced.  A data attack (label flipping)
+instead changes the Byzantine clients' training data once, before the run (:meth:`Attack.poison`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -24,3 +26,7 @@ class Attack:
         self, ctx: RoundContext, replies: Replies, byzantine: Sequence[int], gen: torch.Generator
     ) -> Replies:
         raise NotImplementedError
+
+    def poison(self, federation: Any, byzantine: Sequence[int]) -> Any:
+        """The federation the run trains on (default: unchanged; data attacks override it)."""
+        return federation

@@ -34,6 +34,7 @@ __all__ = [
     "by_attribute",
     "by_sizes",
     "class_disjoint",
+    "class_groups",
     "dirichlet",
     "iid",
     "k_classes",
@@ -417,3 +418,45 @@ def by_sizes(labels: Labels, sizes: Sequence[int], seed: int = 0, num_clients: i
     perm = np.random.default_rng(seed).permutation(len(y))
     cuts = np.cumsum(sizes)
     return _sorted_lists(np.split(perm[: cuts[-1]], cuts[:-1]))
+
+
+@PARTITIONERS.register("class_groups", "client group g (in order) holds classes g, g+1, ... (FRPG: pairs per digit)")
+def class_groups(labels: Labels, num_clients: int, classes_per_group: int = 1, seed: int = 0) -> Partition:
+    """Deterministic label skew of the Byzantine-robustness papers (RSA, FRPG; spec 002 A6).
+
+    The clients are cut, in order, into ``C`` groups of ``num_clients / C`` (``C`` = number of
+    classes; 20 clients and 10 digits: pairs).  Group ``g`` holds the classes ``g, g + 1, ...,
+    g + classes_per_group - 1`` (mod C); each class's rows are shuffled and split evenly among
+    all clients holding it.  ``classes_per_group = 1`` is reading H1 (workers ``2g, 2g + 1``
+    share digit g, so the last four of 20 hold digits 8 and 9); ``classes_per_group = C / 2``
+    is the alternative reading H2 (each pair sees half of the classes).
+
+    Example:
+        >>> labels = [c for c in range(3) for _ in range(4)]
+        >>> [sorted({labels[i] for i in p}) for p in class_groups(labels, 6)]
+        [[0], [0], [1], [1], [2], [2]]
+        >>> [sorted({labels[i] for i in p}) for p in class_groups(labels, 3, classes_per_group=2)]
+        [[0, 1], [1, 2], [0, 2]]
+    """
+    y = as_label_array(labels)
+    _check_clients(num_clients, len(y))
+    classes = np.unique(y)
+    C = len(classes)
+    if num_clients % C:
+        raise FedriskError(
+            f"class_groups: num_clients = {num_clients} is not allowed with {C} classes; "
+            f"it must be a multiple of the number of classes (e.g. {2 * C})"
+        )
+    check_range("classes_per_group", classes_per_group, 1, C)
+    per_group = num_clients // C
+    rng = np.random.default_rng(seed)
+    parts: list[list[int]] = [[] for _ in range(num_clients)]
+    for j, c in enumerate(classes):
+        groups = [(j - t) % C for t in range(classes_per_group)]
+        who = sorted(g * per_group + m for g in groups for m in range(per_group))
+        idx = rng.permutation(np.flatnonzero(y == c))
+        if len(idx) < len(who):
+            raise FedriskError(f"class_groups: class {c} has {len(idx)} samples for {len(who)} clients holding it")
+        for i, piece in zip(who, _split_evenly(idx, len(who))):
+            parts[i].extend(piece.tolist())
+    return _sorted_lists(parts)

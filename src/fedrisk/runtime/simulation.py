@@ -122,6 +122,8 @@ class Simulation:
         if bad:
             raise FedriskError(f"byzantine client ids {bad} out of range [0, {federation.num_clients - 1}]")
         self.algorithm = algorithm
+        if attack is not None:  # data attacks (label flipping) change the Byzantine clients' data once
+            federation = attack.poison(federation, sorted(set(int(k) for k in byzantine)))
         self.federation = federation.to(dtype)
         check_federation(self.federation)
         self.seed = int(seed)

@@ -1,0 +1,154 @@
+"""Optimality gap F(w) - F* of problem (5) for FRPG and LFRPG on digits (paper 002, Figs. 3-4 at laptop scale).
+
+    .venv/bin/python scripts/byzantine_gap.py --rounds 400 --frames 200 --attack gaussian --mu 1e-3
+
+F of eq. (5) counts the N = 16 reliable workers only (spec P10):
+``F(w) = sum_n [CE_n(w_n) + delta/2 ||w_n||^2 + lambda p(w_0 - w_n)] + delta_0/2 ||w_0||^2`` with
+``CE_n`` the mean cross-entropy over worker n's training rows.  ``F*`` comes from L-BFGS on the
+joint ``(N + 1) d`` variable, run until ``||grad F|| <= 1e-4`` or the iteration cap; the gap is
+evaluated every ``--every`` rounds at the server model and the reliable workers' models (for
+LFRPG at the end of each frame).  Prints a Markdown table and writes
+``docs/results/img/byzantine_digits_gap.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from fedrisk.experiment.config import resolve_config
+from fedrisk.experiment.runner import build_simulation
+from fedrisk.objectives.penalties import huber_l2
+from fedrisk.tree import tree_flatten_vector
+
+LAM, DELTA, DELTA0, LIP = 1.6, 0.003, 0.003, 24.1
+
+
+def build(name: str, attack: str, mu: float, seed: int, extra: dict):
+    raw = {
+        "data": {"dataset": "digits", "partition": "class_groups", "num_clients": 20},
+        "model": {"name": "logreg"},
+        "algorithm": {"name": name, "lam": LAM, "mu": mu, "delta": DELTA, "delta_server": DELTA0,
+                      "lipschitz": LIP, "batch_size": 10, **extra},
+        "run": {"dtype": "float64", "executor": "vectorized", "seed": seed},
+    }
+    if attack != "none":
+        raw["attack"] = {"name": attack, "byzantine": [16, 17, 18, 19]}
+    return build_simulation(resolve_config(raw)).simulation
+
+
+def objective(sim, mu: float, reliable: list[int]):
+    """``F(W)`` for ``W = [w_0, w_1, ..., w_N]`` stacked ``(N + 1, d)`` (softmax regression, vectorised)."""
+    like = sim.algorithm.global_params(sim.server_state)
+    assert list(like) == ["linear.weight", "linear.bias"], list(like)
+    C, p = like["linear.weight"].shape
+    data = [sim.federation.clients[k] for k in reliable]
+    x = torch.cat([s.x.reshape(len(s), -1) for s in data])
+    y = torch.cat([s.y for s in data])
+    owner = torch.cat([torch.full((len(s),), i) for i, s in enumerate(data)])
+    per_row = torch.cat([torch.full((len(s),), 1.0 / len(s), dtype=torch.float64) for s in data])
+
+    def F(W: torch.Tensor) -> torch.Tensor:
+        w0, wn = W[0], W[1:]
+        weight = wn[:, : C * p].reshape(-1, C, p)
+        bias = wn[:, C * p :]
+        logits = torch.einsum("rcp,rp->rc", weight[owner], x) + bias[owner]
+        ce = torch.nn.functional.cross_entropy(logits, y, reduction="none")
+        total = (ce * per_row).sum() + DELTA / 2 * (wn * wn).sum() + DELTA0 / 2 * (w0 @ w0)
+        return total + LAM * torch.stack([huber_l2(w0 - w, mu) for w in wn]).sum()
+
+    return F
+
+
+def f_star(F, shape, iters: int) -> tuple[float, float]:
+    W = torch.zeros(shape, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([W], lr=1, max_iter=iters, tolerance_grad=1e-4, tolerance_change=0,
+                            history_size=50, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = F(W)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    loss = F(W)
+    (g,) = torch.autograd.grad(loss, W)
+    return float(loss.detach()), float(g.norm())
+
+
+def state_matrix(sim, reliable: list[int]) -> torch.Tensor:
+    rows = [tree_flatten_vector(sim.algorithm.global_params(sim.server_state))]
+    for k in reliable:
+        st = sim.client_states[k]
+        rows.append(tree_flatten_vector(st["w"]))
+    return torch.stack(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=400)
+    ap.add_argument("--frames", type=int, default=200)
+    ap.add_argument("--every", type=int, default=20)
+    ap.add_argument("--attack", default="gaussian")
+    ap.add_argument("--mu", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lbfgs-iters", type=int, default=3000)
+    ap.add_argument("--img", type=Path, default=Path("docs/results/img/byzantine_digits_gap.png"))
+    args = ap.parse_args()
+    reliable = list(range(16))
+    runs = {
+        "FRPG": ("frpg", {}, args.rounds),
+        "LFRPG (T=10, seq)": ("lfrpg", {"local_slots_per_round": 10}, args.frames),
+    }
+    curves = {}
+    F = None
+    for label, (name, extra, rounds) in runs.items():
+        sim = build(name, args.attack, args.mu, args.seed, extra)
+        if F is None:
+            F = objective(sim, args.mu, reliable)
+            t = time.time()
+            fstar, gnorm = f_star(F, state_matrix(sim, reliable).shape, args.lbfgs_iters)
+            print(f"F* = {fstar:.6f} (||grad F|| = {gnorm:.2e}, L-BFGS {time.time() - t:.0f} s)")
+        xs, gaps = [], []
+        for r in range(1, rounds + 1):
+            sim.step()
+            if r % args.every == 0 or r == rounds:
+                with torch.no_grad():
+                    gaps.append(float(F(state_matrix(sim, reliable))) - fstar)
+                xs.append(r)
+        curves[label] = (xs, gaps)
+    print(f"\n| rounds | {' | '.join(curves)} |")
+    print("|---:|" + "---:|" * len(curves))
+    marks = sorted({x for xs, _ in curves.values() for x in xs if x % (5 * args.every) == 0 or x in (args.every,)})
+    for m in marks:
+        cells = []
+        for xs, gaps in curves.values():
+            cells.append(f"{gaps[xs.index(m)]:.3g}" if m in xs else "–")
+        print(f"| {m} | " + " | ".join(cells) + " |")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for label, (xs, gaps) in curves.items():
+        ax.plot(xs, [max(g, 1e-8) for g in gaps], label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("communication rounds")
+    ax.set_ylabel("F(w) - F*  (reliable workers, eq. (5))")
+    ax.set_title(f"digits, attack: {args.attack}, mu = {args.mu:g}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    args.img.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.img, dpi=110)
+    print(f"\n![gap]({args.img.name})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Pre-aggregation steps that run before a robust rule on the stacked replies ``(n, d)``.
+
+* :func:`bucketing` (Karimireddy, He and Jaggi, 2022): shuffle the rows and average them in
+  buckets of ``s``; the robust rule then sees ``ceil(n / s)`` bucket means, which are closer to
+  each other under heterogeneity (at the price of multiplying the Byzantine fraction by up to s).
+* :func:`nearest_neighbor_mixing` (Allouah et al., 2023): replace each row by the mean of its
+  ``n - f`` nearest rows (itself included).
+
+Example:
+    >>> import torch
+    >>> x = torch.tensor([[0.0], [1.0], [2.0], [3.0]])
+    >>> bucketing(x, 2, torch.Generator().manual_seed(0)).shape
+    torch.Size([2, 1])
+    >>> nearest_neighbor_mixing(torch.tensor([[0.0], [1.0], [2.0], [100.0]]), f=1).flatten().tolist()
+    [1.0, 1.0, 1.0, 34.333335876464844]
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fedrisk.aggregators.robust import check_rows, pairwise_sq_distances
+from fedrisk.errors import FedriskError
+
+__all__ = ["PRE_AGGREGATIONS", "bucketing", "nearest_neighbor_mixing"]
+
+PRE_AGGREGATIONS = ("none", "bucketing", "nnm")
+
+
+def bucketing(x: Tensor, s: int, gen: torch.Generator) -> Tensor:
+    """Means of ``ceil(n / s)`` buckets of a random permutation of the rows (the last may be smaller).
+
+    Example:
+        >>> x = torch.arange(6.0).reshape(6, 1)
+        >>> sorted(bucketing(x, 3, torch.Generator().manual_seed(1)).flatten().tolist()) != []
+        True
+    """
+    check_rows(x, "bucketing")
+    if not isinstance(s, int) or isinstance(s, bool) or s < 1:
+        raise FedriskError(f"bucketing: bucket size s = {s!r} is not allowed; it must be an integer >= 1")
+    n = x.shape[0]
+    perm = torch.randperm(n, generator=gen)
+    shuffled = x[perm.to(x.device)]
+    return torch.stack([shuffled[i : i + s].mean(dim=0) for i in range(0, n, s)])
+
+
+def nearest_neighbor_mixing(x: Tensor, f: int) -> Tensor:
+    """Row ``i`` becomes the mean of its ``n - f`` nearest rows in l2 (itself included).  Needs ``2f < n``.
+
+    Example:
+        >>> nearest_neighbor_mixing(torch.tensor([[0.0], [2.0], [10.0]]), f=1).flatten().tolist()
+        [1.0, 1.0, 6.0]
+    """
+    check_rows(x, "nearest_neighbor_mixing")
+    n = x.shape[0]
+    if not isinstance(f, int) or isinstance(f, bool) or f < 0 or 2 * f >= n:
+        raise FedriskError(
+            f"nearest_neighbor_mixing: f = {f!r} is not allowed with n = {n} replies; it needs 0 <= 2f < n"
+        )
+    d = pairwise_sq_distances(x)
+    d.fill_diagonal_(-1.0)  # itself first
+    idx = d.topk(n - f, dim=1, largest=False).indices
+    mix = torch.zeros(n, n, dtype=x.dtype, device=x.device)
+    mix.scatter_(1, idx, 1.0 / (n - f))  # row i: weight 1/(n - f) on each of its n - f neighbours
+    return mix @ x

@@ -1,0 +1,449 @@
+"""Robust aggregation rules: pure functions on an ``(n, d)`` tensor and ``gather``-kind aggregators.
+
+Each rule is first a pure function ``rule(x, ...) -> (d,)`` over the stacked replies ``x``
+(one row per client), then an :class:`~fedrisk.aggregators.base.Aggregator` of ``gather`` kind
+that flattens every client's reply tree to a row, applies the rule and unflattens the result.
+
+=====================  ======================================================  ===================
+rule                   output                                                  needs
+=====================  ======================================================  ===================
+``mean``               ``(1/n) sum_i x_i``                                     -
+``coordinate_median``  per coordinate, the median (mean of the two middle       -
+                       values for even n)
+``trimmed_mean``       per coordinate, the mean after dropping the f largest    ``2f < n``
+                       and the f smallest values
+``krum``               the row with the smallest score, score_i = sum of the    ``n > 2f + 2``
+                       squared distances to its ``n - f - 2`` nearest other
+                       rows (Blanchard et al., 2017)
+``multi_krum``         the mean of the ``m`` rows with the smallest scores      ``n > 2f + 2``
+``geometric_median``   ``argmin_z sum_i ||z - x_i||`` by Weiszfeld's            -
+                       iteration, distances floored at ``eps``
+``centered_clipping``  ``v <- v + (1/n) sum_i clip_tau(x_i - v)`` repeated,     ``tau > 0``
+                       from the coordinate median (Karimireddy et al., 2021)
+=====================  ======================================================  ===================
+
+Non-finite replies: the pure functions raise :class:`~fedrisk.errors.FedriskError` naming the
+rows; the aggregator classes do the same by default (``nonfinite="raise"``) or drop those rows
+first (``nonfinite="exclude"``; the count conditions are then checked on the rows that remain).
+Client weights are ignored by every robust rule (a weighted median would let a Byzantine client
+claim a large weight).
+
+The docs table with breakdown points and costs is in ``docs/byzantine.md``.
+
+Example:
+    >>> import torch
+    >>> x = torch.tensor([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0], [1e6, -1e6]])
+    >>> coordinate_median(x).tolist(), trimmed_mean(x, 1).tolist()
+    ([1.5, 0.5], [1.5, 0.5])
+    >>> krum(torch.tensor([[0.0], [0.5], [1.0], [1.5], [9.0]]), f=1).tolist()
+    [0.5]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from fedrisk.aggregators.base import Aggregator, Replies
+from fedrisk.errors import FedriskError
+from fedrisk.tree import Tree, tree_flatten_vector, tree_unflatten_vector
+
+__all__ = [
+    "NONFINITE_POLICIES",
+    "CenteredClipping",
+    "CoordinateMedian",
+    "GeometricMedian",
+    "Krum",
+    "MultiKrum",
+    "RobustAggregator",
+    "TrimmedMean",
+    "centered_clipping",
+    "check_rows",
+    "coordinate_median",
+    "geometric_median",
+    "krum",
+    "krum_scores",
+    "mean",
+    "multi_krum",
+    "pairwise_sq_distances",
+    "trimmed_mean",
+]
+
+NONFINITE_POLICIES = ("raise", "exclude")
+
+
+# ----------------------------------------------------------------------------- input checks
+def check_rows(x: Tensor, rule: str) -> None:
+    """``x`` must be a 2-D floating tensor with at least one row and only finite entries."""
+    if not isinstance(x, Tensor) or x.dim() != 2 or not x.is_floating_point():
+        raise FedriskError(f"{rule}: replies must be a floating tensor of shape (n, d); got {_describe(x)}")
+    if x.shape[0] == 0:
+        raise FedriskError(f"{rule}: no replies to aggregate (n = 0)")
+    finite = torch.isfinite(x).all(dim=1)
+    if not bool(finite.all()):
+        bad = (~finite).nonzero().flatten().tolist()
+        raise FedriskError(
+            f"{rule}: replies {bad} (row numbers) contain NaN/inf; robust rules need finite replies "
+            "(the aggregator classes can drop them with nonfinite='exclude')"
+        )
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
+    return type(x).__name__
+
+
+def _check_f(rule: str, f: int, n: int, need: str) -> None:
+    if not isinstance(f, int) or isinstance(f, bool) or f < 0:
+        raise FedriskError(
+            f"{rule}: f = {f!r} is not allowed; it must be an integer >= 0 (the number of Byzantine replies)"
+        )
+    ok = {"2f < n": 2 * f < n, "n > 2f + 2": n > 2 * f + 2}[need]
+    if not ok:
+        raise FedriskError(f"{rule}: f = {f} is not allowed with n = {n} replies; it needs {need}")
+
+
+# ----------------------------------------------------------------------------- pure rules
+def mean(x: Tensor) -> Tensor:
+    """The coordinate-wise mean (breakdown point 0: one reply moves it arbitrarily).
+
+    Example:
+        >>> mean(torch.tensor([[1.0, 2.0], [3.0, 6.0]])).tolist()
+        [2.0, 4.0]
+    """
+    check_rows(x, "mean")
+    return x.mean(dim=0)
+
+
+def coordinate_median(x: Tensor) -> Tensor:
+    """The coordinate-wise median; for even ``n`` the mean of the two middle values.
+
+    Example:
+        >>> coordinate_median(torch.tensor([[1.0], [5.0], [2.0], [100.0]])).tolist()
+        [3.5]
+    """
+    check_rows(x, "coordinate_median")
+    n = x.shape[0]
+    s = x.sort(dim=0).values
+    if n % 2:
+        return s[n // 2].clone()
+    return (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def trimmed_mean(x: Tensor, f: int) -> Tensor:
+    """Per coordinate, the mean of the values left after dropping the ``f`` largest and ``f`` smallest.
+
+    Needs ``2f < n``; ``f = 0`` is the mean.
+
+    Example:
+        >>> trimmed_mean(torch.tensor([[1.0], [2.0], [3.0], [-50.0], [70.0]]), 1).tolist()
+        [2.0]
+    """
+    check_rows(x, "trimmed_mean")
+    n = x.shape[0]
+    _check_f("trimmed_mean", f, n, "2f < n")
+    if f == 0:
+        return x.mean(dim=0)
+    return x.sort(dim=0).values[f : n - f].mean(dim=0)
+
+
+def pairwise_sq_distances(x: Tensor) -> Tensor:
+    """``D[i, j] = ||x_i - x_j||^2`` as an ``(n, n)`` tensor, from one Gram matrix.
+
+    The rows are centred at their coordinate-wise (lower) median first: the distances do not
+    change, but neither a common offset nor a far outlier then costs the inliers' distances
+    their precision (the Gram identity ``|a|^2 + |b|^2 - 2 a.b`` cancels badly for large
+    ``|a|``).  The diagonal is exactly 0 and negatives from rounding are clamped to 0.
+
+    Example:
+        >>> pairwise_sq_distances(torch.tensor([[0.0, 0.0], [3.0, 4.0]])).tolist()
+        [[0.0, 25.0], [25.0, 0.0]]
+    """
+    c = x - x.median(dim=0).values
+    sq = (c * c).sum(dim=1)
+    d = sq[:, None] + sq[None, :] - 2 * (c @ c.T)
+    d = d.clamp_min(0)
+    d.fill_diagonal_(0)
+    return d
+
+
+def krum_scores(x: Tensor, f: int) -> Tensor:
+    """Krum's score of each row: the sum of its squared distances to its ``n - f - 2`` nearest
+    other rows (Blanchard et al., 2017).  Needs ``n > 2f + 2``.
+
+    Example:
+        >>> krum_scores(torch.tensor([[0.0], [1.0], [3.0], [4.0], [10.0]]), 1).tolist()
+        [10.0, 5.0, 5.0, 10.0, 85.0]
+    """
+    check_rows(x, "krum")
+    n = x.shape[0]
+    _check_f("krum", f, n, "n > 2f + 2")
+    d = pairwise_sq_distances(x)
+    d.fill_diagonal_(float("inf"))  # a row is not its own neighbour
+    nearest = d.topk(n - f - 2, dim=1, largest=False).values
+    return nearest.sum(dim=1)
+
+
+def krum(x: Tensor, f: int) -> Tensor:
+    """The row with the smallest Krum score (the lowest index on ties).  Needs ``n > 2f + 2``.
+
+    Example:
+        >>> krum(torch.tensor([[0.0], [1.0], [1.5], [3.0], [1e6]]), f=1).tolist()
+        [1.0]
+    """
+    scores = krum_scores(x, f)
+    return x[int(torch.argmin(scores))].clone()
+
+
+def multi_krum(x: Tensor, f: int, m: int | None = None) -> Tensor:
+    """The mean of the ``m`` rows with the smallest Krum scores (``m = n - f`` by default).
+
+    ``m = 1`` is :func:`krum`.
+
+    Example:
+        >>> multi_krum(torch.tensor([[0.0], [1.0], [2.0], [3.0], [1e6]]), f=1, m=3).tolist()
+        [1.0]
+    """
+    scores = krum_scores(x, f)
+    n = x.shape[0]
+    m = n - f if m is None else m
+    if not isinstance(m, int) or isinstance(m, bool) or not 1 <= m <= n:
+        raise FedriskError(f"multi_krum: m = {m!r} is not allowed with n = {n} replies; it needs 1 <= m <= n")
+    order = torch.sort(scores, stable=True).indices[:m]
+    return x[order].mean(dim=0)
+
+
+def geometric_median(
+    x: Tensor, tol: float = 1e-7, max_iter: int = 1000, eps: float = 1e-8
+) -> Tensor:
+    """``argmin_z sum_i ||z - x_i||`` by Weiszfeld's iteration, started at the mean::
+
+        z <- sum_i x_i / max(eps, ||x_i - z||)  /  sum_i 1 / max(eps, ||x_i - z||)
+
+    The floor ``eps`` keeps the weights finite when ``z`` meets a reply (smoothed Weiszfeld).
+    The loop stops when a step moves ``z`` by at most ``tol * max(1, ||z||)`` or after
+    ``max_iter`` steps.  Breakdown point 1/2.
+
+    Example:
+        >>> x = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1e6, 1e6]], dtype=torch.float64)
+        >>> [round(v, 4) for v in geometric_median(x).tolist()]
+        [0.5, 0.5]
+    """
+    check_rows(x, "geometric_median")
+    if not tol > 0 or not eps > 0:
+        raise FedriskError(f"geometric_median: tol = {tol!r} and eps = {eps!r} must be > 0")
+    if not isinstance(max_iter, int) or max_iter < 1:
+        raise FedriskError(f"geometric_median: max_iter = {max_iter!r} must be an integer >= 1")
+    z = x.mean(dim=0)
+    for _ in range(max_iter):
+        dist = torch.linalg.vector_norm(x - z, dim=1).clamp_min(eps)
+        w = 1.0 / dist
+        new = (w @ x) / w.sum()
+        step = float(torch.linalg.vector_norm(new - z))
+        z = new
+        if step <= tol * max(1.0, float(torch.linalg.vector_norm(z))):
+            break
+    return z
+
+
+def centered_clipping(x: Tensor, tau: float = 1.0, iters: int = 3, center: Tensor | None = None) -> Tensor:
+    """Centred clipping (Karimireddy, He and Jaggi, 2021): ``iters`` times
+    ``v <- v + (1/n) sum_i (x_i - v) min(1, tau / ||x_i - v||)``, from ``center`` (default: the
+    coordinate median, since a pure function has no previous aggregate to start from).
+
+    Example:
+        >>> centered_clipping(torch.tensor([[0.0], [1.0], [2.0], [1e6]]), tau=1.0, iters=1).tolist()
+        [1.5]
+    """
+    check_rows(x, "centered_clipping")
+    if not isinstance(tau, (int, float)) or not tau > 0 or tau == float("inf"):
+        raise FedriskError(f"centered_clipping: tau = {tau!r} is not allowed; it must be a finite number > 0")
+    if not isinstance(iters, int) or iters < 1:
+        raise FedriskError(f"centered_clipping: iters = {iters!r} must be an integer >= 1")
+    v = coordinate_median(x) if center is None else center.to(x.dtype)
+    for _ in range(iters):
+        diff = x - v
+        norms = torch.linalg.vector_norm(diff, dim=1, keepdim=True)
+        scale = torch.clamp(tau / norms.clamp_min(torch.finfo(x.dtype).tiny), max=1.0)
+        v = v + (diff * scale).mean(dim=0)
+    return v
+
+
+# ----------------------------------------------------------------------------- aggregators
+class RobustAggregator(Aggregator):
+    """A ``gather``-kind aggregator applying a pure rule to the replies flattened to ``(n, d)``.
+
+    Args:
+        nonfinite: ``"raise"`` (a NaN/inf reply stops the round with an error naming the
+            client) or ``"exclude"`` (such replies are dropped before the rule runs).
+        pre: optional pre-aggregation, ``"none"``, ``"bucketing"`` (means of random buckets of
+            ``bucket_size`` replies, Karimireddy et al. 2022) or ``"nnm"`` (nearest-neighbour
+            mixing, Allouah et al. 2023; uses the rule's ``f``).
+        bucket_size: replies per bucket for ``pre = "bucketing"``.
+        seed: seed of the bucketing permutation (combined with the round's aggregate generator
+            when the algorithm hands one over; otherwise fixed).
+    """
+
+    kind = "gather"
+    name = "robust"
+    rule: ClassVar[Callable[..., Tensor]]
+
+    def __init__(self, nonfinite: str = "raise", pre: str = "none", bucket_size: int = 2, seed: int = 0) -> None:
+        from fedrisk.aggregators.preaggregation import PRE_AGGREGATIONS
+
+        if nonfinite not in NONFINITE_POLICIES:
+            raise FedriskError(
+                f"nonfinite = {nonfinite!r} is not allowed; valid choices: {', '.join(NONFINITE_POLICIES)}"
+            )
+        if pre not in PRE_AGGREGATIONS:
+            raise FedriskError(f"pre = {pre!r} is not allowed; valid choices: {', '.join(PRE_AGGREGATIONS)}")
+        if not isinstance(bucket_size, int) or bucket_size < 1:
+            raise FedriskError(f"bucket_size = {bucket_size!r} is not allowed; it must be an integer >= 1")
+        self.nonfinite, self.pre, self.bucket_size, self.seed = nonfinite, pre, bucket_size, int(seed)
+
+    def options(self) -> dict[str, Any]:
+        """The rule's own options (``f``, ``tol``, ...)."""
+        return {}
+
+    def __repr__(self) -> str:
+        opts = {**self.options(), "nonfinite": self.nonfinite, "pre": self.pre}
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in opts.items())})"
+
+    def rows(self, replies: Replies, key: str) -> tuple[Tensor, Tree]:
+        """The replies' ``key`` as an ``(n, d)`` tensor (non-finite rows handled) and a template tree."""
+        trees = replies.gather(key)
+        if not trees:
+            raise FedriskError(f"{self.name}: no replies to aggregate")
+        x = torch.stack([tree_flatten_vector(t) for t in trees])
+        finite = torch.isfinite(x).all(dim=1)
+        if not bool(finite.all()):
+            bad = [replies.clients[i] for i in (~finite).nonzero().flatten().tolist()]
+            if self.nonfinite == "raise":
+                raise FedriskError(
+                    f"{self.name}: the replies of clients {bad} contain NaN/inf "
+                    "(set nonfinite = 'exclude' to drop them instead)"
+                )
+            x = x[finite]
+            if x.shape[0] == 0:
+                raise FedriskError(f"{self.name}: every reply contains NaN/inf; nothing left to aggregate")
+        return x, trees[0]
+
+    def aggregate_rows(self, x: Tensor) -> Tensor:
+        """Pre-aggregation (if any) followed by the rule."""
+        from fedrisk.aggregators.preaggregation import bucketing, nearest_neighbor_mixing
+
+        if self.pre == "bucketing":
+            x = bucketing(x, self.bucket_size, torch.Generator().manual_seed(self.seed))
+        elif self.pre == "nnm":
+            x = nearest_neighbor_mixing(x, int(self.options().get("f", 0)))
+        return type(self).rule(x, **self.options())
+
+    def __call__(self, replies: Replies, key: str, weights: Mapping[int, float] | None = None) -> Tree:
+        x, like = self.rows(replies, key)
+        return tree_unflatten_vector(self.aggregate_rows(x), like)
+
+
+class CoordinateMedian(RobustAggregator):
+    """Coordinate-wise median (:func:`coordinate_median`).
+
+    Example:
+        >>> from fedrisk.aggregators.base import InMemoryReplies
+        >>> r = InMemoryReplies({k: {"w": torch.tensor([float(k)])} for k in range(3)})
+        >>> CoordinateMedian()(r, "w").tolist()
+        [1.0]
+    """
+
+    name = "median"
+    rule = staticmethod(coordinate_median)
+
+
+class TrimmedMean(RobustAggregator):
+    """Coordinate-wise trimmed mean dropping ``f`` values at each end (:func:`trimmed_mean`)."""
+
+    name = "trimmed_mean"
+    rule = staticmethod(trimmed_mean)
+
+    def __init__(self, f: int = 1, **kw: Any) -> None:
+        super().__init__(**kw)
+        _check_nonneg_int("f", f)
+        self.f = f
+
+    def options(self) -> dict[str, Any]:
+        return {"f": self.f}
+
+
+class Krum(RobustAggregator):
+    """Krum: the reply with the smallest score over its ``n - f - 2`` nearest others (:func:`krum`)."""
+
+    name = "krum"
+    rule = staticmethod(krum)
+
+    def __init__(self, f: int = 1, **kw: Any) -> None:
+        super().__init__(**kw)
+        _check_nonneg_int("f", f)
+        self.f = f
+
+    def options(self) -> dict[str, Any]:
+        return {"f": self.f}
+
+
+class MultiKrum(RobustAggregator):
+    """Multi-Krum: the mean of the ``m`` best-scored replies (``m = 0``: ``n - f``) (:func:`multi_krum`)."""
+
+    name = "multi_krum"
+    rule = staticmethod(multi_krum)
+
+    def __init__(self, f: int = 1, m: int = 0, **kw: Any) -> None:
+        super().__init__(**kw)
+        _check_nonneg_int("f", f)
+        _check_nonneg_int("m", m)
+        self.f, self.m = f, m
+
+    def options(self) -> dict[str, Any]:
+        return {"f": self.f, "m": self.m or None}
+
+
+class GeometricMedian(RobustAggregator):
+    """Geometric median by smoothed Weiszfeld (:func:`geometric_median`)."""
+
+    name = "geometric_median"
+    rule = staticmethod(geometric_median)
+
+    def __init__(self, tol: float = 1e-7, max_iter: int = 1000, eps: float = 1e-8, **kw: Any) -> None:
+        super().__init__(**kw)
+        if not tol > 0 or not eps > 0 or not isinstance(max_iter, int) or max_iter < 1:
+            raise FedriskError(
+                f"geometric_median: tol = {tol!r}, eps = {eps!r} must be > 0 "
+                f"and max_iter = {max_iter!r} an integer >= 1"
+            )
+        self.tol, self.max_iter, self.eps = tol, max_iter, eps
+
+    def options(self) -> dict[str, Any]:
+        return {"tol": self.tol, "max_iter": self.max_iter, "eps": self.eps}
+
+
+class CenteredClipping(RobustAggregator):
+    """Centred clipping around the coordinate median (:func:`centered_clipping`)."""
+
+    name = "centered_clipping"
+    rule = staticmethod(centered_clipping)
+
+    def __init__(self, tau: float = 1.0, iters: int = 3, **kw: Any) -> None:
+        super().__init__(**kw)
+        if not isinstance(tau, (int, float)) or not tau > 0:
+            raise FedriskError(f"centered_clipping: tau = {tau!r} is not allowed; it must be a number > 0")
+        if not isinstance(iters, int) or iters < 1:
+            raise FedriskError(f"centered_clipping: iters = {iters!r} must be an integer >= 1")
+        self.tau, self.iters = float(tau), iters
+
+    def options(self) -> dict[str, Any]:
+        return {"tau": self.tau, "iters": self.iters}
+
+
+def _check_nonneg_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise FedriskError(f"{name} = {value!r} is not allowed; it must be an integer >= 0")

@@ -1,0 +1,487 @@
+"""FRPG and LFRPG (Dong et al., paper 002), RSA (Li et al., 2019) and SGD with a robust aggregator.
+
+Problem (5): ``min F(w) = sum_n [f_n(w_n) + lambda p(w_0 - w_n)] + f_0(w_0)`` with the Huber
+penalty ``p`` of eq. (30) (:mod:`fedrisk.objectives.penalties`), worker losses
+``f_n(w) = E CE(w; x) + (delta/2)||w||^2`` and the server regulariser
+``f_0(w) = (delta_0/2)||w||^2`` (section V).  All vectors below are the model parameters
+flattened into one vector (the penalty is on the l2 norm of the whole difference).
+
+FRPG, Algorithm 1 — one slot k = one communication round (k = round + 1)::
+
+    beta_k = 2/(k+2),  alpha_{0,k} = (delta_0/14)(k+2)^2 + 1.5 L_0,  alpha_{n,k} = (3 delta/14)(k+2)^2 + L   (16)-(17)
+    server:  u_0 = (1-beta) w_0 + beta v_0                                          (6a)
+             w_0 <- u_0 - grad f_0(u_0) / alpha_0          broadcast w_0             (6b)
+    worker:  u_n = (1-beta) w_n + beta v_n                                          (8a)
+             s = grad f(u_n; x)   (one minibatch per slot, ridge included)
+             w_n <- w_0 - prox_{(lambda/alpha_n) p}(w_0 - u_n + s/alpha_n)          (8b)
+             g_n = lambda grad p(w_0 - w_n)                upload g_n                (7)
+             v_n <- v_n - [delta (v_n - u_n) + s - g_n] / (delta + alpha_n beta)    (8c)
+    server:  g_n <- g_n min(1, lambda sqrt(G) / ||g_n||)   (projection, spec A5; G = 1)
+             v_0 <- v_0 - [delta_0 (v_0 - u_0) + grad f_0(u_0) + sum_n g_n] / (delta_0 + alpha_0 beta)   (6c)
+
+LFRPG, Algorithm 2 — one frame i of T local slots = one communication round, with the frame
+index in the schedules (27)-(28) and ``w_0`` fixed for the frame (19a-b); each worker runs
+(21a-c) T times and uploads the mean ``(1/T) sum_k g_{n,k}``; the server then updates ``v_0``
+by (19c).  Eq. (21a) literally reads ``u_{n,k}^i = (1-beta) w_{n,k}^{i-1} + beta v_{n,k-1}^i``
+(slot k of the *previous* frame): ``variant = "lit"`` implements that (each worker stores T
+models); ``variant = "seq"`` (default) uses ``w_{n,k-1}^i`` with ``w_{n,0}^i = w_{n,T}^{i-1}``
+(spec ambiguity A1: with full gradients seq converges monotonically while lit oscillates like
+FRPG, and seq needs one stored model, not T).
+
+RSA (Li et al., 2019), round k with ``eta_k = lr / sqrt(k)``::
+
+    worker:  w_n <- w_n - eta_k (grad f(w_n; x) + lambda_R sign(w_n - w_0))     upload w_n
+    server:  w_0 <- w_0 - eta_k (grad f_0(w_0) + lambda_R sum_n sign(w_0 - w_n))
+
+RobustSGD: workers send a minibatch gradient at ``w_0``; ``w_0 <- w_0 - eta_k agg(gradients)``
+with any aggregator (``mean`` = the paper's SGD, ``krum``, ``geometric_median`` = its Krum and
+GeoMed baselines, which are equivariant, so aggregating gradients equals aggregating the models
+``w_0 - eta_k grad``).
+
+Example:
+    >>> import torch
+    >>> from fedrisk.models import FunctionalModel, build_model
+    >>> from fedrisk.objectives.supervised import cross_entropy
+    >>> alg = FRPG(model=FunctionalModel(build_model("logreg", (4,), 3)), loss=cross_entropy, lipschitz=2.0)
+    >>> [round(v, 4) for v in frpg_schedule(1, alg.delta_server, alg.delta, alg.lipschitz, alg.lipschitz)]
+    [0.6667, 3.0019, 2.0058]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+import torch.utils._pytree as pytree
+from torch import Tensor
+
+from fedrisk.aggregators.base import Aggregator, Mean, Replies
+from fedrisk.algorithms.base import Algorithm, ClientResult, LocalData, RoundContext, RoundPlan
+from fedrisk.algorithms.local import SAMPLING_CHOICES, batch, sample_batches, supervised_objective
+from fedrisk.autodiff import value_and_grad
+from fedrisk.errors import FedriskError, check_range, unknown_name
+from fedrisk.objectives.penalties import check_positive, huber_l2_grad, huber_l2_prox, l1_subgrad, project_l2_ball
+from fedrisk.objectives.supervised import LossFn
+from fedrisk.rng import ClientRNG
+from fedrisk.tree import Tree, tree_flatten_vector, tree_map, tree_unflatten_vector, tree_zeros_like
+
+__all__ = [
+    "FRPG",
+    "LFRPG",
+    "LFRPG_VARIANTS",
+    "RSA",
+    "RobustSGD",
+    "frpg_schedule",
+    "frpg_server_post",
+    "frpg_server_pre",
+    "frpg_worker_slot",
+]
+
+LFRPG_VARIANTS = ("seq", "lit")
+LR_DECAYS = ("sqrt", "constant")
+
+
+# ============================================================================= pure steps
+def frpg_schedule(
+    k: int, delta_server: float, delta: float, lipschitz_server: float, lipschitz: float
+) -> tuple[float, float, float]:
+    """``(beta_k, alpha_{0,k}, alpha_{n,k})`` of eqs. (16)-(17) (LFRPG: (27)-(28) with k = frame).
+
+    Example:
+        >>> frpg_schedule(1, 0.003, 0.003, 1.0, 1.0) == (2 / 3, 9 * 0.003 / 14 + 1.5, 27 * 0.003 / 14 + 1.0)
+        True
+    """
+    if k < 1:
+        raise FedriskError(f"FRPG slots are numbered from 1; got k = {k}")
+    beta = 2.0 / (k + 2)
+    alpha0 = delta_server / 14 * (k + 2) ** 2 + 1.5 * lipschitz_server
+    alpha = 3 * delta / 14 * (k + 2) ** 2 + lipschitz
+    return beta, alpha0, alpha
+
+
+def frpg_server_pre(w0: Tensor, v0: Tensor, beta: float, alpha0: float, delta_server: float) -> tuple[Tensor, Tensor]:
+    """Eqs. (6a)-(6b): ``u_0 = (1-beta) w_0 + beta v_0`` and ``w_0 = u_0 - grad f_0(u_0)/alpha_0``.
+
+    No penalty term and no prox at the server (pitfall P2).
+
+    Example:
+        >>> [t.tolist() for t in frpg_server_pre(torch.tensor([1.0]), torch.tensor([4.0]), 0.5, 2.0, 1.0)]
+        [[2.5], [1.25]]
+    """
+    u0 = (1 - beta) * w0 + beta * v0
+    return u0, u0 - (delta_server * u0) / alpha0
+
+
+def frpg_worker_slot(
+    u: Tensor, v: Tensor, w0: Tensor, s: Tensor, alpha: float, beta: float, delta: float, lam: float, mu: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One reliable worker's slot after (8a): ``(w_n, g_n, v_n)`` of (8b), (7), (8c).
+
+    ``s`` is the stochastic gradient at ``u`` (ridge included), reused by (8b) and (8c).
+    ``w_n`` minimises ``<s, w - u> + (alpha/2)||w - u||^2 + lambda p(w_0 - w)`` (32), i.e.
+    ``alpha (u - w_n) = s - g_n`` (33).
+
+    Example:
+        >>> zero, w0 = torch.zeros(2, dtype=torch.float64), torch.tensor([3.0, 4.0], dtype=torch.float64)
+        >>> w, g, v = frpg_worker_slot(zero, zero, w0, zero, alpha=1.0, beta=0.5, delta=0.0, lam=1.0, mu=1e-3)
+        >>> [[round(t, 6) for t in r.tolist()] for r in (w, g, v)]
+        [[0.6, 0.8], [0.6, 0.8], [1.2, 1.6]]
+    """
+    y = w0 - u + s / alpha
+    z = huber_l2_prox(y, lam / alpha, mu)
+    w_new = w0 - z  # (8b)
+    g = lam * huber_l2_grad(z, mu)  # (7): lambda grad_{w0} p(w_0 - w_n) = lambda grad p(z)
+    v_new = v - (delta * (v - u) + s - g) / (delta + alpha * beta)  # (8c)
+    return w_new, g, v_new
+
+
+def frpg_server_post(
+    v0: Tensor, u0: Tensor, g_sum: Tensor, alpha0: float, beta: float, delta_server: float
+) -> Tensor:
+    """Eq. (6c) / (19c): ``v_0 - [delta_0 (v_0 - u_0) + grad f_0(u_0) + sum_n g_n] / (delta_0 + alpha_0 beta)``.
+
+    Example:
+        >>> frpg_server_post(torch.tensor([1.0]), torch.tensor([1.0]), torch.tensor([2.0]), 1.0, 1.0, 0.0).tolist()
+        [-1.0]
+    """
+    return v0 - (delta_server * (v0 - u0) + delta_server * u0 + g_sum) / (delta_server + alpha0 * beta)
+
+
+def _check_sampling(sampling: str) -> None:
+    if sampling not in SAMPLING_CHOICES:
+        raise unknown_name("sampling", sampling, SAMPLING_CHOICES)
+
+
+def _vec(t: Tree) -> Tensor:
+    return tree_flatten_vector(t)
+
+
+# ============================================================================= FRPG
+@dataclass(frozen=True)
+class FRPG(Algorithm):
+    """Fault-Resilient Proximal Gradient (Algorithm 1 of paper 002); see the module docstring.
+
+    Args:
+        model: a functional model (softmax regression in the paper: ``logreg``).
+        loss: the per-sample loss (cross-entropy); the ridge ``delta/2 ||w||^2`` is added here.
+        lam: the penalty weight lambda (> 0).
+        mu: the Huber smoothing mu (> 0).
+        delta: delta_n, the workers' ridge / strong convexity (> 0).
+        delta_server: delta_0 of ``f_0(w) = delta_0/2 ||w||^2`` (> 0).
+        lipschitz: L_n (the paper: max_i ||x_i||^2 of the scaled data, 156 / 295 / 524).
+        lipschitz_server: L_0 (None: the same as ``lipschitz``; spec ambiguity A4).
+        batch_size: the minibatch of one slot (10 under Gaussian, 15 under label flipping).
+        sampling: ``with_replacement`` or ``shuffle`` minibatches.
+        project: project every received g onto the ball of radius lambda sqrt(G) (spec A5);
+            switching it off reproduces pitfall P1.
+        zero_init: start every model at zero (the paper's choice) instead of the model's init.
+    """
+
+    name: ClassVar[str] = "frpg"
+    batched_draw: ClassVar[bool] = True
+    local_slots: ClassVar[int] = 1
+
+    model: Any
+    loss: LossFn
+    lam: float = 1.6
+    mu: float = 1e-3
+    delta: float = 0.003
+    delta_server: float = 0.003
+    lipschitz: float = 1.0
+    lipschitz_server: float | None = None
+    batch_size: int = 10
+    sampling: str = "with_replacement"
+    project: bool = True
+    zero_init: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("lam", "mu", "delta", "delta_server", "lipschitz"):
+            check_positive(name, getattr(self, name))
+        if self.lipschitz_server is not None:
+            check_positive("lipschitz_server", self.lipschitz_server)
+        check_range("batch_size", self.batch_size, 1)
+        _check_sampling(self.sampling)
+
+    @property
+    def l0(self) -> float:
+        return self.lipschitz if self.lipschitz_server is None else self.lipschitz_server
+
+    def schedule(self, k: int) -> tuple[float, float, float]:
+        """``(beta, alpha_0, alpha_n)`` for slot (FRPG) or frame (LFRPG) ``k``."""
+        return frpg_schedule(k, self.delta_server, self.delta, self.l0, self.lipschitz)
+
+    def init_params(self, gen: torch.Generator) -> Tree:
+        params = self.model.init_params(gen)
+        return tree_zeros_like(params) if self.zero_init else params
+
+    # -- server -------------------------------------------------------------------------
+    def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
+        return {"w": params, "v": params}  # w_{0,0} = v_{0,0}
+
+    def init_client(self, ctx: RoundContext, client: int, params: Tree) -> Tree:
+        return {"w": params, "v": params}  # w_{n,0} = v_{n,0}
+
+    def _server_pre(self, ctx: RoundContext, server_state: Tree) -> tuple[Tensor, Tensor]:
+        beta, alpha0, _ = self.schedule(ctx.round + 1)
+        return frpg_server_pre(_vec(server_state["w"]), _vec(server_state["v"]), beta, alpha0, self.delta_server)
+
+    def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
+        _, w0 = self._server_pre(ctx, server_state)  # (6a)-(6b), before hearing from the workers
+        broadcast = {"w0": tree_unflatten_vector(w0, server_state["w"])}
+        return RoundPlan(list(range(ctx.fed.num_clients)), broadcast=broadcast)
+
+    def aggregate(
+        self, ctx: RoundContext, server_state: Tree, plan: RoundPlan, replies: Replies, gen: torch.Generator
+    ) -> Tree:
+        beta, alpha0, _ = self.schedule(ctx.round + 1)
+        u0, w0 = self._server_pre(ctx, server_state)
+        received = replies.gather("g")  # gather kind: each message is projected on its own
+        if self.project:
+            received = [project_l2_ball(g, self.lam) for g in received]  # ||g|| <= lambda sqrt(G), G = 1
+        g_sum = torch.stack(received).sum(dim=0)
+        v0 = frpg_server_post(_vec(server_state["v"]), u0, g_sum, alpha0, beta, self.delta_server)  # (6c)
+        like = server_state["w"]
+        return {"w": tree_unflatten_vector(w0, like), "v": tree_unflatten_vector(v0, like)}
+
+    def global_params(self, server_state: Tree) -> Tree:
+        return server_state["w"]
+
+    # -- worker -------------------------------------------------------------------------
+    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
+        return {"batches": sample_batches(rng, num_samples, self.local_slots, self.batch_size, self.sampling)}
+
+    def stochastic_grad(self, params_like: Tree, u: Tensor, data: LocalData, idx: Tensor) -> tuple[Tensor, Tensor]:
+        """``(loss, grad f(u; x))`` on the minibatch ``idx``, ridge ``delta u`` included (P7)."""
+        x, y = batch(data, idx)
+        objective = supervised_objective(self.model.apply, self.loss)
+        value, g = value_and_grad(objective)(tree_unflatten_vector(u, params_like), x, y)
+        return value, _vec(g) + self.delta * u
+
+    def client_update(
+        self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
+    ) -> ClientResult:
+        beta, _, alpha = self.schedule(ctx.round + 1)
+        like = state["w"]
+        w0, w, v = _vec(payload["w0"]), _vec(state["w"]), _vec(state["v"])
+        u = (1 - beta) * w + beta * v  # (8a)
+        loss, s = self.stochastic_grad(like, u, data, draws["batches"][0])
+        w, g, v = frpg_worker_slot(u, v, w0, s, alpha, beta, self.delta, self.lam, self.mu)  # (8b), (7), (8c)
+        new_state = {"w": tree_unflatten_vector(w, like), "v": tree_unflatten_vector(v, like)}
+        return ClientResult({"g": g}, new_state, {"loss": loss})
+
+
+# ============================================================================= LFRPG
+@dataclass(frozen=True)
+class LFRPG(FRPG):
+    """Local FRPG (Algorithm 2 of paper 002): T local slots per communication round.
+
+    Args (beyond :class:`FRPG`):
+        local_slots_per_round: T (the paper: 10).
+        variant: ``"seq"`` (default) or ``"lit"``, the two readings of eq. (21a).
+    """
+
+    name: ClassVar[str] = "lfrpg"
+
+    local_slots_per_round: int = 10
+    variant: str = "seq"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_range("local_slots_per_round", self.local_slots_per_round, 1)
+        if self.variant not in LFRPG_VARIANTS:
+            raise unknown_name("LFRPG variant", self.variant, LFRPG_VARIANTS)
+
+    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
+        return {"batches": sample_batches(rng, num_samples, self.local_slots_per_round, self.batch_size, self.sampling)}
+
+    def init_client(self, ctx: RoundContext, client: int, params: Tree) -> Tree:
+        if self.variant == "lit":  # w_{n,k}^0 for every k = 1..T (spec A3: the same initial vector)
+            stacked = tree_map(lambda p: p.unsqueeze(0).repeat(self.local_slots_per_round, *([1] * p.dim())), params)
+            return {"w_slots": stacked, "v": params}
+        return {"w": params, "v": params}
+
+    def client_update(
+        self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
+    ) -> ClientResult:
+        beta, _, alpha = self.schedule(ctx.round + 1)  # frame index i = round + 1, constant in the frame
+        like = payload["w0"]
+        w0, v = _vec(payload["w0"]), _vec(state["v"])  # v_{n,0}^i = v_{n,T}^{i-1}
+        lit = self.variant == "lit"
+        if lit:
+            slots_in = state["w_slots"]
+            previous = [_vec(tree_map(lambda p, k=k: p[k], slots_in)) for k in range(self.local_slots_per_round)]
+        else:
+            w = _vec(state["w"])  # w_{n,0}^i = w_{n,T}^{i-1}
+        g_sum, losses, slots = torch.zeros_like(w0), [], []
+        for k in range(self.local_slots_per_round):
+            w_prev = previous[k] if lit else w  # (21a): w_{n,k}^{i-1} (lit) or w_{n,k-1}^i (seq)
+            u = (1 - beta) * w_prev + beta * v
+            loss, s = self.stochastic_grad(like, u, data, draws["batches"][k])
+            w, g, v = frpg_worker_slot(u, v, w0, s, alpha, beta, self.delta, self.lam, self.mu)  # (21b), (20), (21c)
+            g_sum = g_sum + g
+            losses.append(loss)
+            slots.append(w)
+        reply = {"g": g_sum / self.local_slots_per_round}  # (1/T) sum_k g_{n,k}^i
+        v_tree = tree_unflatten_vector(v, like)
+        if lit:
+            stacked = torch.stack(slots)
+            new_state = {"w_slots": _unflatten_rows(stacked, like), "v": v_tree}
+        else:
+            new_state = {"w": tree_unflatten_vector(w, like), "v": v_tree}
+        return ClientResult(reply, new_state, {"loss": torch.stack(losses).mean()})
+
+
+def _unflatten_rows(rows: Tensor, like: Tree) -> Tree:
+    """``[T, d]`` rows back into a tree whose leaves have a leading dimension T."""
+    leaves, spec = pytree.tree_flatten(like)
+    out, offset = [], 0
+    for leaf in leaves:
+        n = leaf.numel()
+        out.append(rows[:, offset : offset + n].reshape(rows.shape[0], *leaf.shape))
+        offset += n
+    return pytree.tree_unflatten(out, spec)
+
+
+# ============================================================================= RSA
+@dataclass(frozen=True)
+class RSA(Algorithm):
+    """Robust Stochastic Aggregation with the l1 penalty (Li et al., 2019), step ``lr / sqrt(k)``.
+
+    Workers upload their models ``w_n``; the server applies ``sign`` itself, so a faulty model of
+    any magnitude moves ``w_0`` by at most ``eta_k lambda_R`` per coordinate.  ``lam`` is RSA's
+    lambda_R (the paper does not give it; spec P8: about ``lambda / sqrt(d)``).
+    """
+
+    name: ClassVar[str] = "rsa"
+    batched_draw: ClassVar[bool] = True
+
+    model: Any
+    loss: LossFn
+    lam: float = 0.02
+    lr: float = 3.0
+    delta: float = 0.003
+    delta_server: float = 0.003
+    batch_size: int = 10
+    sampling: str = "with_replacement"
+    zero_init: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("lam", "lr"):
+            check_positive(name, getattr(self, name))
+        check_range("delta", self.delta, 0.0)
+        check_range("delta_server", self.delta_server, 0.0)
+        check_range("batch_size", self.batch_size, 1)
+        _check_sampling(self.sampling)
+
+    def init_params(self, gen: torch.Generator) -> Tree:
+        params = self.model.init_params(gen)
+        return tree_zeros_like(params) if self.zero_init else params
+
+    def step_size(self, ctx: RoundContext) -> float:
+        return self.lr / math.sqrt(ctx.round + 1)
+
+    def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
+        return {"w": params}
+
+    def init_client(self, ctx: RoundContext, client: int, params: Tree) -> Tree:
+        return {"w": params}
+
+    def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
+        return RoundPlan(list(range(ctx.fed.num_clients)), broadcast={"w0": server_state["w"]})
+
+    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
+        return {"batches": sample_batches(rng, num_samples, 1, self.batch_size, self.sampling)}
+
+    def client_update(
+        self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
+    ) -> ClientResult:
+        eta = self.step_size(ctx)
+        like = state["w"]
+        w, w0 = _vec(state["w"]), _vec(payload["w0"])
+        x, y = batch(data, draws["batches"][0])
+        value, g = value_and_grad(supervised_objective(self.model.apply, self.loss))(like, x, y)
+        direction = _vec(g) + self.delta * w + self.lam * l1_subgrad(w - w0)
+        new = tree_unflatten_vector(w - eta * direction, like)
+        return ClientResult({"w": new}, {"w": new}, {"loss": value})
+
+    def aggregate(
+        self, ctx: RoundContext, server_state: Tree, plan: RoundPlan, replies: Replies, gen: torch.Generator
+    ) -> Tree:
+        eta = self.step_size(ctx)
+        w0 = _vec(server_state["w"])
+        signs = torch.stack([l1_subgrad(w0 - _vec(w)) for w in replies.gather("w")]).sum(dim=0)
+        new = w0 - eta * (self.delta_server * w0 + self.lam * signs)
+        return {"w": tree_unflatten_vector(new, server_state["w"])}
+
+    def global_params(self, server_state: Tree) -> Tree:
+        return server_state["w"]
+
+
+# ============================================================================= SGD + aggregator
+@dataclass(frozen=True)
+class RobustSGD(Algorithm):
+    """Distributed SGD whose server combines the workers' gradients with ``aggregator``.
+
+    ``w_0 <- w_0 - eta_k agg_n(grad f_n(w_0; x_n))`` with ``eta_k = lr / sqrt(k)`` (``lr_decay =
+    "sqrt"``, the paper's ``3/sqrt(k)``) or ``lr`` (``"constant"``).  ``aggregator = "mean"`` is the
+    paper's SGD baseline, ``"krum"`` / ``"geometric_median"`` its Krum / GeoMed baselines.
+    """
+
+    name: ClassVar[str] = "robust_sgd"
+    batched_draw: ClassVar[bool] = True
+
+    model: Any
+    loss: LossFn
+    lr: float = 3.0
+    lr_decay: str = "sqrt"
+    delta: float = 0.003
+    batch_size: int = 10
+    sampling: str = "with_replacement"
+    zero_init: bool = True
+    aggregator: Aggregator = field(default_factory=Mean)
+
+    def __post_init__(self) -> None:
+        check_positive("lr", self.lr)
+        check_range("delta", self.delta, 0.0)
+        check_range("batch_size", self.batch_size, 1)
+        _check_sampling(self.sampling)
+        if self.lr_decay not in LR_DECAYS:
+            raise unknown_name("lr_decay", self.lr_decay, LR_DECAYS)
+
+    def init_params(self, gen: torch.Generator) -> Tree:
+        params = self.model.init_params(gen)
+        return tree_zeros_like(params) if self.zero_init else params
+
+    def step_size(self, ctx: RoundContext) -> float:
+        return self.lr / math.sqrt(ctx.round + 1) if self.lr_decay == "sqrt" else self.lr
+
+    def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
+        return {"w": params}
+
+    def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
+        return RoundPlan(list(range(ctx.fed.num_clients)), broadcast={"w0": server_state["w"]})
+
+    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
+        return {"batches": sample_batches(rng, num_samples, 1, self.batch_size, self.sampling)}
+
+    def client_update(
+        self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
+    ) -> ClientResult:
+        w0 = payload["w0"]
+        x, y = batch(data, draws["batches"][0])
+        value, g = value_and_grad(supervised_objective(self.model.apply, self.loss))(w0, x, y)
+        grad = tree_map(lambda gi, p: gi + self.delta * p, g, w0)
+        return ClientResult({"grad": grad}, state, {"loss": value})
+
+    def aggregate(
+        self, ctx: RoundContext, server_state: Tree, plan: RoundPlan, replies: Replies, gen: torch.Generator
+    ) -> Tree:
+        eta = self.step_size(ctx)
+        direction = self.aggregator(replies, "grad", None)
+        return {"w": tree_map(lambda p, d: p - eta * d, server_state["w"], direction)}
+
+    def global_params(self, server_state: Tree) -> Tree:
+        return server_state["w"]

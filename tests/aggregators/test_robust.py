@@ -1,0 +1,270 @@
+"""Robust aggregators: pinned values, property tests (hypothesis), bad input, the registry."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedrisk.aggregators import AGGREGATORS, InMemoryReplies
+from fedrisk.aggregators.preaggregation import bucketing, nearest_neighbor_mixing
+from fedrisk.aggregators.robust import (
+    CenteredClipping,
+    GeometricMedian,
+    Krum,
+    MultiKrum,
+    TrimmedMean,
+    centered_clipping,
+    coordinate_median,
+    geometric_median,
+    krum,
+    krum_scores,
+    mean,
+    multi_krum,
+    pairwise_sq_distances,
+    trimmed_mean,
+)
+from fedrisk.errors import FedriskError
+
+D = torch.float64
+SETTINGS = settings(max_examples=40, deadline=None)
+
+
+def max_f(n: int, need: str) -> int:
+    """The largest f the rule allows with n replies."""
+    return (n - 1) // 2 if need == "2f < n" else max(0, (n - 3) // 2)
+
+
+# rule name -> (callable(x, f) , condition on f, translation equivariant)
+RULES = {
+    "mean": (lambda x, f: mean(x), None),
+    "median": (lambda x, f: coordinate_median(x), "2f < n"),
+    "trimmed_mean": (lambda x, f: trimmed_mean(x, f), "2f < n"),
+    "krum": (lambda x, f: krum(x, f), "n > 2f + 2"),
+    "multi_krum": (lambda x, f: multi_krum(x, f), "n > 2f + 2"),
+    "geometric_median": (lambda x, f: geometric_median(x, tol=1e-12, max_iter=5000), "2f < n"),
+    "centered_clipping": (lambda x, f: centered_clipping(x, tau=0.5, iters=3), "2f < n"),
+}
+
+
+@st.composite
+def replies(draw: st.DrawFn, min_n: int = 3, max_n: int = 11) -> torch.Tensor:
+    n = draw(st.integers(min_n, max_n))
+    d = draw(st.integers(1, 4))
+    values = draw(st.lists(st.floats(-1, 1, allow_nan=False, width=64), min_size=n * d, max_size=n * d))
+    return torch.tensor(values, dtype=D).reshape(n, d)
+
+
+def _f(x: torch.Tensor, need: str | None) -> int:
+    return 0 if need is None else min(1, max_f(x.shape[0], need))
+
+
+@pytest.mark.parametrize("name", list(RULES))
+@SETTINGS
+@given(x=replies(min_n=5), seed=st.integers(0, 2**16))
+def test_permutation_invariance(name: str, x: torch.Tensor, seed: int) -> None:
+    rule, need = RULES[name]
+    f = _f(x, need)
+    perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))
+    a, b = rule(x, f), rule(x[perm], f)
+    if name in ("krum", "multi_krum"):  # ties in the scores may pick another row of equal score
+        scores = krum_scores(x, f)
+        if name == "krum":
+            assert float(krum_scores(x[perm], f).min()) == pytest.approx(float(scores.min()), abs=1e-9)
+            assert any(torch.allclose(b, row, atol=1e-12) for row in x)
+            return
+        if len(set(torch.round(scores, decimals=9).tolist())) < x.shape[0]:
+            return
+    assert torch.allclose(a, b, atol=1e-9), (a, b)
+
+
+@pytest.mark.parametrize("name", list(RULES))
+@SETTINGS
+@given(x=replies(min_n=5), shift=st.lists(st.floats(-100, 100, width=64), min_size=4, max_size=4))
+def test_translation_equivariance(name: str, x: torch.Tensor, shift: list) -> None:
+    rule, need = RULES[name]
+    f = _f(x, need)
+    c = torch.tensor(shift[: x.shape[1]], dtype=D)
+    a, b = rule(x, f) + c, rule(x + c, f)
+    if name == "krum":
+        scores = krum_scores(x, f)
+        best = scores.min()
+        ties = [i for i in range(len(scores)) if abs(float(scores[i] - best)) <= 1e-7 * (1 + float(best))]
+        assert any(torch.allclose(b, x[i] + c, atol=1e-7) for i in ties)
+        return
+    if name == "multi_krum" and len(set(torch.round(krum_scores(x, f), decimals=6).tolist())) < x.shape[0]:
+        return
+    assert torch.allclose(a, b, atol=1e-6), (a, b)
+
+
+@pytest.mark.parametrize("name", list(RULES))
+@SETTINGS
+@given(row=st.lists(st.floats(-1e3, 1e3, width=64), min_size=1, max_size=5), n=st.integers(5, 9))
+def test_idempotent_on_identical_replies(name: str, row: list, n: int) -> None:
+    rule, need = RULES[name]
+    x = torch.tensor(row, dtype=D).repeat(n, 1)
+    assert torch.allclose(rule(x, _f(x, need)), x[0], atol=1e-9 * (1 + max(abs(v) for v in row)))
+
+
+@pytest.mark.parametrize("name", [k for k in RULES if k != "mean"])
+@SETTINGS
+@given(x=replies(min_n=7, max_n=13), sign=st.sampled_from([1.0, -1.0]), mixed=st.booleans())
+def test_bounded_output_with_f_outliers(name: str, x: torch.Tensor, sign: float, mixed: bool) -> None:
+    rule, need = RULES[name]
+    n, d = x.shape
+    f = max_f(n, need)
+    bad = torch.full((f, d), sign * 1e6, dtype=D)
+    if mixed:
+        bad[::2] = -bad[::2]
+    honest = x[: n - f]
+    out = rule(torch.cat([honest, bad]), f)
+    lo, hi = honest.min(dim=0).values, honest.max(dim=0).values
+    if name in ("median", "trimmed_mean", "krum", "multi_krum"):
+        assert bool(((out >= lo - 1e-9) & (out <= hi + 1e-9)).all()), (out, lo, hi)
+    elif name == "centered_clipping":  # the median stays in the honest range, 3 steps of at most tau = 0.5
+        assert bool(((out >= lo - 1.5 - 1e-9) & (out <= hi + 1.5 + 1e-9)).all())
+    else:  # geometric median: within C * (honest diameter) of the honest points, C = 2(n - f) / (n - 2f) + 1
+        h = n - f
+        c = 2 * h / (h - f) + 1
+        diam = 2 * math.sqrt(d)
+        assert float(torch.linalg.vector_norm(out - honest.mean(dim=0))) <= c * diam + 1e-6
+
+
+def test_mean_breaks_with_one_outlier() -> None:
+    x = torch.tensor([[0.0], [0.0], [0.0], [1e6]], dtype=D)
+    assert float(mean(x)) == 2.5e5
+    assert float(coordinate_median(x)) == 0.0
+
+
+def test_pinned_values() -> None:
+    x = torch.tensor([[0.0, 10.0], [1.0, 11.0], [2.0, 9.0], [3.0, 12.0], [100.0, -100.0]], dtype=D)
+    assert coordinate_median(x).tolist() == [2.0, 10.0]
+    assert coordinate_median(x[:4]).tolist() == [1.5, 10.5]
+    assert trimmed_mean(x, 1).tolist() == pytest.approx([2.0, 10.0])
+    assert trimmed_mean(x, 2).tolist() == pytest.approx([2.0, 10.0])
+    # Krum with f = 1 (n - f - 2 = 2 neighbours): scores by hand
+    y = torch.tensor([[0.0], [1.0], [3.0], [4.0], [10.0]], dtype=D)
+    assert krum_scores(y, 1).tolist() == pytest.approx([10.0, 5.0, 5.0, 10.0, 85.0])
+    assert krum(y, 1).tolist() == [1.0]  # lowest index among the ties 1 and 3
+    assert multi_krum(y, 1, 2).tolist() == [2.0]
+    assert multi_krum(y, 1, 1).tolist() == krum(y, 1).tolist()
+    # geometric median of a symmetric configuration plus a far point: the centre of the square
+    z = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1e6, 1e6]], dtype=D)
+    assert geometric_median(z, tol=1e-12).tolist() == pytest.approx([0.5, 0.5], abs=1e-6)
+
+
+def test_geometric_median_minimises_sum_of_distances() -> None:
+    x = torch.randn(9, 3, generator=torch.Generator().manual_seed(0), dtype=D)
+    z = geometric_median(x, tol=1e-12, max_iter=10000)
+    cost = lambda p: float(torch.linalg.vector_norm(x - p, dim=1).sum())  # noqa: E731
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(30):
+        assert cost(z) <= cost(z + 1e-3 * torch.randn(3, generator=gen, dtype=D)) + 1e-12
+    # a reply exactly at the optimum (zero distance) is handled by the eps floor
+    at = torch.tensor([[0.0], [0.0], [0.0], [5.0]], dtype=D)
+    assert geometric_median(at).tolist() == pytest.approx([0.0], abs=1e-6)
+
+
+def test_distances_survive_a_far_outlier_in_float32() -> None:
+    x = torch.tensor([[0.0], [1.0], [1.5], [3.0], [1e6]])
+    d = pairwise_sq_distances(x)
+    assert d[1, 2].item() == pytest.approx(0.25, rel=1e-6)
+    assert krum(x, 1).tolist() == [1.0]
+
+
+def test_preaggregation() -> None:
+    x = torch.arange(6.0, dtype=D).reshape(6, 1)
+    b = bucketing(x, 2, torch.Generator().manual_seed(0))
+    assert b.shape == (3, 1) and float(b.mean()) == pytest.approx(2.5)
+    assert bucketing(x, 4, torch.Generator().manual_seed(0)).shape == (2, 1)  # the last bucket is smaller
+    mixed = nearest_neighbor_mixing(torch.tensor([[0.0], [2.0], [10.0]], dtype=D), 1)
+    assert mixed.flatten().tolist() == [1.0, 1.0, 6.0]
+
+
+# ----------------------------------------------------------------------------- NaN / inf
+@pytest.mark.parametrize("name", list(RULES))
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_nonfinite_rows_raise_naming_them(name: str, bad: float) -> None:
+    x = torch.zeros(7, 2, dtype=D)
+    x[3, 1] = bad
+    with pytest.raises(FedriskError, match=r"\[3\].*NaN/inf"):
+        RULES[name][0](x, 1)
+
+
+def test_aggregator_excludes_or_raises_on_nonfinite_client() -> None:
+    r = InMemoryReplies({k: {"w": torch.tensor([float(k), 1.0] if k < 5 else [float("nan"), 0.0])} for k in range(6)})
+    with pytest.raises(FedriskError, match=r"clients \[5\]"):
+        Krum(f=1)(r, "w")
+    assert Krum(f=1, nonfinite="exclude")(r, "w").tolist() in ([1.0, 1.0], [2.0, 1.0], [3.0, 1.0])
+    assert AGGREGATORS.get("median")(nonfinite="exclude")(r, "w").tolist() == [2.0, 1.0]
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_bad_counts_raise() -> None:
+    x = torch.zeros(6, 2, dtype=D)
+    with pytest.raises(FedriskError, match="needs 2f < n"):
+        trimmed_mean(x, 3)
+    with pytest.raises(FedriskError, match=r"needs n > 2f \+ 2"):
+        krum(x, 2)  # n = 6 <= 2f + 2
+    with pytest.raises(FedriskError, match=r"needs n > 2f \+ 2"):
+        multi_krum(x, 2)
+    with pytest.raises(FedriskError, match="1 <= m <= n"):
+        multi_krum(torch.zeros(7, 1), 1, 8)
+    with pytest.raises(FedriskError, match="integer >= 0"):
+        krum(torch.zeros(7, 1), -1)
+    with pytest.raises(FedriskError, match="2f < n"):
+        nearest_neighbor_mixing(x, 3)
+    with pytest.raises(FedriskError, match="bucket size"):
+        bucketing(x, 0, torch.Generator())
+    with pytest.raises(FedriskError, match="tau"):
+        centered_clipping(x, tau=0.0)
+    with pytest.raises(FedriskError, match="tol"):
+        geometric_median(x, tol=0.0)
+    with pytest.raises(FedriskError, match=r"shape \(n, d\)"):
+        krum(torch.zeros(3), 0)
+    with pytest.raises(FedriskError, match="n = 0"):
+        coordinate_median(torch.zeros(0, 2))
+
+
+def test_bad_aggregator_options_raise() -> None:
+    with pytest.raises(FedriskError, match="f = -1"):
+        TrimmedMean(f=-1)
+    with pytest.raises(FedriskError, match="nonfinite"):
+        Krum(nonfinite="ignore")
+    with pytest.raises(FedriskError, match="pre"):
+        MultiKrum(pre="sorting")
+    with pytest.raises(FedriskError, match="tau"):
+        CenteredClipping(tau=-1.0)
+    with pytest.raises(FedriskError, match="tol"):
+        GeometricMedian(tol=-1.0)
+    r = InMemoryReplies({k: {"w": torch.tensor([float(k)])} for k in range(4)})
+    with pytest.raises(FedriskError, match=r"n = 4 replies; it needs n > 2f \+ 2"):
+        Krum(f=1)(r, "w")
+
+
+def test_registered_aggregators_are_gather_kind_and_work_on_trees() -> None:
+    for name in ("median", "trimmed_mean", "krum", "multi_krum", "geometric_median", "centered_clipping"):
+        agg = AGGREGATORS.get(name)()
+        assert agg.kind == "gather" and agg.name == name
+    r = InMemoryReplies({k: {"p": {"a": torch.tensor([[float(k)]]), "b": torch.tensor([2.0 * k])}} for k in range(5)})
+    out = AGGREGATORS.get("median")()(r, "p")
+    assert out["a"].shape == (1, 1) and out["a"].item() == 2.0 and out["b"].tolist() == [4.0]
+    bucketed = AGGREGATORS.get("median")(pre="bucketing", bucket_size=1)(r, "p")
+    assert bucketed["b"].tolist() == [4.0]
+    rows = torch.tensor([[float(k), 2.0 * k] for k in range(5)])
+    expected = trimmed_mean(nearest_neighbor_mixing(rows, 1), 1)
+    assert AGGREGATORS.get("trimmed_mean")(f=1, pre="nnm")(r, "p")["b"].tolist() == pytest.approx([expected[1].item()])
+
+
+def test_robust_aggregator_from_a_config() -> None:
+    from fedrisk.experiment.config import resolve_config
+
+    base = {"data": {"dataset": "wine", "num_clients": 7}, "model": {"name": "logreg"}}
+    cfg = resolve_config({**base, "algorithm": {"name": "robust_sgd", "aggregator": {"name": "krum", "f": 2}}})
+    assert cfg["algorithm.aggregator"] == {"name": "krum", "f": 2}
+    with pytest.raises(FedriskError, match="f = -2"):
+        from fedrisk.experiment.runner import build_simulation
+
+        bad = {"name": "robust_sgd", "aggregator": {"name": "krum", "f": -2}}
+        build_simulation(resolve_config({**base, "algorithm": bad}))

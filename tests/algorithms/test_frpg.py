@@ -1,0 +1,311 @@
+"""FRPG / LFRPG / RSA / RobustSGD (paper 002): schedules, each update against its argmin,
+the server's projection, attack-magnitude invariance, short behavioural runs, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from fedrisk.aggregators import InMemoryReplies, Krum
+from fedrisk.algorithms import FRPG, LFRPG, RSA, RobustSGD
+from fedrisk.algorithms.base import FedInfo, LocalData, RoundContext
+from fedrisk.algorithms.frpg import frpg_schedule, frpg_server_post, frpg_server_pre, frpg_worker_slot
+from fedrisk.attacks import GaussianAttack, LabelFlipAttack
+from fedrisk.data.federation import Federation, Samples
+from fedrisk.errors import FedriskError
+from fedrisk.models import FunctionalModel, build_model
+from fedrisk.objectives.penalties import huber_l2
+from fedrisk.objectives.supervised import cross_entropy
+from fedrisk.rng import client_generator
+from fedrisk.runtime.simulation import Simulation
+from fedrisk.tree import tree_flatten_vector
+
+F64 = torch.float64
+FEATURES, CLASSES = 6, 3
+
+
+def model() -> FunctionalModel:
+    return FunctionalModel(build_model("logreg", (FEATURES,), CLASSES))
+
+
+def federation(num_clients: int = 8, n: int = 30, seed: int = 0) -> Federation:
+    """Clients in pairs by class (reading H1): well-separated Gaussian blobs per class."""
+    g = torch.Generator().manual_seed(seed)
+    centres = 2.0 * torch.randn(CLASSES, FEATURES, generator=g, dtype=F64)
+
+    def samples(c: int, m: int) -> Samples:
+        y = torch.full((m,), c) if c >= 0 else torch.randint(0, CLASSES, (m,), generator=g)
+        return Samples(centres[y] + torch.randn(m, FEATURES, generator=g, dtype=F64), y)
+
+    clients = [samples(k * CLASSES // num_clients, n) for k in range(num_clients)]
+    return Federation("blobs", clients, num_classes=CLASSES, test=samples(-1, 300))
+
+
+def frpg(**kw) -> FRPG:
+    return FRPG(model=model(), loss=cross_entropy, **{"lipschitz": 10.0, **kw})
+
+
+def rvec(seed: int, d: int = 5, scale: float = 1.0) -> torch.Tensor:
+    return scale * torch.randn(d, generator=torch.Generator().manual_seed(seed), dtype=F64)
+
+
+# ----------------------------------------------------------------------------- schedules (7.1.3)
+def test_schedules_match_16_17() -> None:
+    d0, d, L0, L = 0.003, 0.005, 2.0, 7.0
+    beta, a0, an = frpg_schedule(1, d0, d, L0, L)
+    assert beta == pytest.approx(2 / 3) and a0 == pytest.approx(9 * d0 / 14 + 1.5 * L0)
+    assert an == pytest.approx(27 * d / 14 + L)
+    for k in (2, 10, 400):
+        beta, a0, an = frpg_schedule(k, d0, d, L0, L)
+        expected = (2 / (k + 2), d0 / 14 * (k + 2) ** 2 + 1.5 * L0, 3 * d / 14 * (k + 2) ** 2 + L)
+        assert (beta, a0, an) == pytest.approx(expected)
+    # L_0 defaults to L_n (spec A4)
+    assert frpg().schedule(3) == frpg_schedule(3, 0.003, 0.003, 10.0, 10.0)
+    assert frpg(lipschitz_server=0.003).schedule(3)[1] == pytest.approx(0.003 / 14 * 25 + 1.5 * 0.003)
+    with pytest.raises(FedriskError):
+        frpg_schedule(0, d0, d, L0, L)
+
+
+def test_lfrpg_uses_the_frame_index_constant_across_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fedrisk.algorithms.frpg as mod
+
+    seen = []
+    original = mod.frpg_worker_slot
+
+    def spy(u, v, w0, s, alpha, beta, *rest):
+        seen.append((alpha, beta))
+        return original(u, v, w0, s, alpha, beta, *rest)
+
+    monkeypatch.setattr(mod, "frpg_worker_slot", spy)
+    alg = LFRPG(model=model(), loss=cross_entropy, lipschitz=10.0, local_slots_per_round=4)
+    sim = Simulation(alg, federation(2), dtype=F64)
+    sim.step()
+    sim.step()
+    assert len(seen) == 2 * 2 * 4
+    frame2 = alg.schedule(2)
+    assert all(s == (frame2[2], frame2[0]) for s in seen[8:])
+    assert seen[0] == (alg.schedule(1)[2], alg.schedule(1)[0])
+
+
+# ----------------------------------------------------------------------------- updates = argmins (7.1.2)
+@pytest.mark.parametrize("scale", [1e-5, 1e-2, 3.0])
+def test_worker_update_is_the_argmin_of_32(scale: float) -> None:
+    lam, mu, alpha, beta, delta = 1.6, 1e-3, 12.0, 0.4, 0.003
+    u, v, s = rvec(0), rvec(1), rvec(2)
+    w0 = u + rvec(3, scale=scale)
+    w, g, v_new = frpg_worker_slot(u, v, w0, s, alpha, beta, delta, lam, mu)
+    assert torch.allclose(alpha * (u - w), s - g, atol=1e-10)  # (33)
+    assert float(torch.linalg.vector_norm(g)) <= lam + 1e-12
+    obj = lambda x: s @ (x - u) + alpha / 2 * ((x - u) ** 2).sum() + lam * huber_l2(w0 - x, mu)  # noqa: E731 (32)
+    for seed in range(10):
+        assert obj(w) <= obj(w + rvec(10 + seed, scale=1e-5)) + 1e-13
+    # (8c): the gradient of <h, x - u> + delta/2 ||x - u||^2 + alpha beta/2 ||x - v||^2 vanishes at v_new
+    h = s - g
+    assert torch.allclose(h + delta * (v_new - u) + alpha * beta * (v_new - v), torch.zeros(5, dtype=F64), atol=1e-10)
+
+
+def test_server_updates_and_closed_forms() -> None:
+    d0, a0, beta = 0.003, 9.0, 0.5
+    w0, v0, g_sum = rvec(0), rvec(1), rvec(2)
+    u0, w0k = frpg_server_pre(w0, v0, beta, a0, d0)
+    assert torch.allclose(u0, (1 - beta) * w0 + beta * v0)  # (6a)
+    assert torch.allclose(w0k, (1 - d0 / a0) * u0)  # (6b) with grad f_0 = delta_0 u
+    assert torch.allclose(a0 * (u0 - w0k), d0 * u0)  # h_0 = grad f_0(u_0) (38)
+    v0_new = frpg_server_post(v0, u0, g_sum, a0, beta, d0)  # (6c)
+    grad = d0 * u0 + g_sum + d0 * (v0_new - u0) + a0 * beta * (v0_new - v0)
+    assert torch.allclose(grad, torch.zeros(5, dtype=F64), atol=1e-12)
+    assert torch.allclose(v0_new, (a0 * beta * v0 - g_sum) / (d0 + a0 * beta))  # the quadratic-f_0 closed form
+
+
+def test_client_update_reproduces_the_slot_by_hand() -> None:
+    alg, fed = frpg(batch_size=4), federation(2)
+    info = FedInfo(2, (30, 30), CLASSES)
+    ctx = RoundContext(2, info)  # slot k = 3
+    params = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(1), dtype=F64) for k, v in
+              alg.init_params(torch.Generator()).items()}
+    state = {"w": params, "v": {k: 2 * v for k, v in params.items()}}
+    payload = {"w0": {k: -v for k, v in params.items()}}
+    data = LocalData(fed.clients[0].x, fed.clients[0].y, torch.tensor(30))
+    draws = alg.draw(ctx, 0, 30, client_generator(0, round=2, client=0))
+    out = alg.client_update(ctx, payload, state, data, draws)
+    beta, _, alpha = alg.schedule(3)
+    w, v, w0 = (tree_flatten_vector(t) for t in (state["w"], state["v"], payload["w0"]))
+    u = (1 - beta) * w + beta * v
+    idx = draws["batches"][0]
+    leaves = {k: t.detach().clone().requires_grad_(True) for k, t in
+              zip(params, torch.split(u, [p.numel() for p in params.values()]))}
+    leaves = {k: t.reshape(params[k].shape) for k, t in leaves.items()}
+    loss = cross_entropy(alg.model.apply(leaves, data.x[idx]), data.y[idx])
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    s = torch.cat([g.reshape(-1) for g in grads]) + alg.delta * u
+    w_ref, g_ref, v_ref = frpg_worker_slot(u, v, w0, s, alpha, beta, alg.delta, alg.lam, alg.mu)
+    assert torch.allclose(out.reply["g"], g_ref, atol=1e-12)
+    assert torch.allclose(tree_flatten_vector(out.state["w"]), w_ref, atol=1e-12)
+    assert torch.allclose(tree_flatten_vector(out.state["v"]), v_ref, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- projection (7.1.4)
+def test_server_projects_every_received_g_onto_the_lambda_ball(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fedrisk.algorithms.frpg as mod
+
+    alg = frpg()
+    sim = Simulation(alg, federation(), dtype=F64, attack=GaussianAttack(1e4), byzantine=[6, 7])
+    norms: list[float] = []
+    original = mod.frpg_server_post
+
+    def spy(v0, u0, g_sum, *rest):
+        return original(v0, u0, g_sum, *rest)
+
+    received = []
+    real_project = mod.project_l2_ball
+
+    def project(g, radius):
+        out = real_project(g, radius)
+        received.append(float(torch.linalg.vector_norm(g)))
+        norms.append(float(torch.linalg.vector_norm(out)))
+        return out
+
+    monkeypatch.setattr(mod, "project_l2_ball", project)
+    monkeypatch.setattr(mod, "frpg_server_post", spy)
+    for _ in range(3):
+        sim.step()
+    assert len(norms) == 3 * 8
+    assert max(norms) <= alg.lam + 1e-12
+    assert max(received) > 1e4  # the attack's raw messages were huge
+    # honest messages are untouched: lambda grad p has norm <= lambda already
+    honest = [n for n, r in zip(norms, received) if r < 1e3]
+    assert len(honest) == 3 * 6 and all(abs(n - r) < 1e-15 for n, r in zip(honest, [r for r in received if r < 1e3]))
+
+
+def test_aggregate_uses_the_projected_sum() -> None:
+    alg = frpg()
+    params = alg.init_params(torch.Generator())
+    state = alg.init_server(RoundContext(0, FedInfo(2, (1, 1), 3)), {k: v.double() for k, v in params.items()}, None)
+    d = sum(p.numel() for p in params.values())
+    big = torch.zeros(d, dtype=F64)
+    big[0] = 1e6
+    small = torch.zeros(d, dtype=F64)
+    small[1] = 0.5
+    ctx = RoundContext(0, FedInfo(2, (1, 1), 3))
+    new = alg.aggregate(ctx, state, None, InMemoryReplies({0: {"g": big}, 1: {"g": small}}), None)
+    beta, a0, _ = alg.schedule(1)
+    expected = -(alg.lam * big / 1e6 + small) / (alg.delta_server + a0 * beta)  # v_0 = 0 initially
+    assert torch.allclose(tree_flatten_vector(new["v"]), expected)
+
+
+def _run(alg, attack=None, byz=(), rounds=40, seed=0, executor="sequential"):
+    sim = Simulation(alg, federation(), dtype=F64, attack=attack, byzantine=byz, seed=seed, executor=executor)
+    for _ in range(rounds):
+        sim.step()
+    return sim
+
+
+def test_gaussian_scale_1e4_and_1e8_give_identical_trajectories() -> None:  # check 7.1.5
+    a = _run(frpg(), GaussianAttack(1e4), [6, 7])
+    b = _run(frpg(), GaussianAttack(1e8), [6, 7])
+    wa, wb = tree_flatten_vector(a.server_state["w"]), tree_flatten_vector(b.server_state["w"])
+    assert float(torch.linalg.vector_norm(wa - wb) / torch.linalg.vector_norm(wa)) < 1e-9
+    # without the projection (pitfall P1) the attack's magnitude reaches the server model
+    c = _run(frpg(project=False), GaussianAttack(1e4), [6, 7], rounds=5)
+    assert float(torch.linalg.vector_norm(tree_flatten_vector(c.server_state["v"]))) > 100 * float(
+        torch.linalg.vector_norm(tree_flatten_vector(a.server_state["v"]))
+    )
+
+
+def _accuracy(sim: Simulation) -> float:
+    test = sim.federation.test
+    logits = sim.algorithm.predict(sim.algorithm.global_params(sim.server_state), test.x)
+    return float((logits.argmax(1) == test.y).double().mean())
+
+
+def test_frpg_and_lfrpg_learn_under_the_gaussian_attack_where_sgd_fails() -> None:
+    byz = [6, 7]  # they hold class 2: reliable workers see classes 0, 1 (and a bit of 2 on worker 5)
+    ceiling = _accuracy(_run(frpg(), rounds=60))
+    assert ceiling > 0.8
+    acc_frpg = _accuracy(_run(frpg(), GaussianAttack(1e4), byz, rounds=60))
+    acc_lfrpg = _accuracy(_run(LFRPG(model=model(), loss=cross_entropy, lipschitz=10.0, local_slots_per_round=5),
+                               GaussianAttack(1e4), byz, rounds=20))
+    acc_sgd = _accuracy(_run(RobustSGD(model=model(), loss=cross_entropy, lr=1.0), GaussianAttack(1e4), byz, rounds=60))
+    assert acc_frpg > 0.55 and acc_lfrpg > 0.55
+    assert acc_sgd < 0.5
+
+
+def test_robust_sgd_with_krum_and_rsa_run() -> None:
+    krum = _run(RobustSGD(model=model(), loss=cross_entropy, lr=1.0, aggregator=Krum(f=2)), GaussianAttack(1e4), [6, 7])
+    assert _accuracy(krum) > 0.4
+    rsa = _run(RSA(model=model(), loss=cross_entropy, lam=0.1, lr=0.5), GaussianAttack(1e4), [6, 7])
+    assert _accuracy(rsa) > 0.5
+    assert float(tree_flatten_vector(rsa.server_state["w"]).abs().max()) < 50  # the sign bounds each step
+
+
+def test_lfrpg_lit_and_seq_agree_when_T_is_1() -> None:
+    lit_alg = LFRPG(model=model(), loss=cross_entropy, lipschitz=10.0, local_slots_per_round=1, variant="lit")
+    lit = _run(lit_alg, rounds=5)
+    seq = _run(LFRPG(model=model(), loss=cross_entropy, lipschitz=10.0, local_slots_per_round=1), rounds=5)
+    one = _run(frpg(), rounds=5)
+    for sim in (lit, seq):
+        assert torch.allclose(tree_flatten_vector(sim.server_state["w"]), tree_flatten_vector(one.server_state["w"]))
+
+
+@pytest.mark.parametrize("variant", ["seq", "lit"])
+def test_lfrpg_vectorized_equals_sequential(variant: str) -> None:
+    def make() -> LFRPG:
+        return LFRPG(model=model(), loss=cross_entropy, lipschitz=10.0, local_slots_per_round=3, variant=variant)
+
+    a = _run(make(), GaussianAttack(1e4), [7], rounds=3)
+    b = _run(make(), GaussianAttack(1e4), [7], rounds=3, executor="vectorized")
+    for key in ("w", "v"):
+        assert torch.allclose(tree_flatten_vector(a.server_state[key]), tree_flatten_vector(b.server_state[key]),
+                              rtol=1e-9, atol=1e-12)
+
+
+def test_label_flip_attack_flips_only_the_byzantine_clients() -> None:
+    fed = federation()
+    sim = Simulation(frpg(), fed, dtype=F64, attack=LabelFlipAttack(), byzantine=[0, 7])
+    assert torch.equal(sim.federation.clients[0].y, CLASSES - 1 - fed.clients[0].y)
+    assert torch.equal(sim.federation.clients[7].y, CLASSES - 1 - fed.clients[7].y)
+    assert all(torch.equal(sim.federation.clients[k].y, fed.clients[k].y) for k in range(1, 7))
+    assert torch.equal(sim.federation.test.y, fed.test.y)
+
+
+# ----------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("field", ["lam", "mu", "delta", "delta_server", "lipschitz"])
+@pytest.mark.parametrize("value", [0.0, -1.0])
+def test_nonpositive_hyper_parameters_raise(field: str, value: float) -> None:
+    with pytest.raises(FedriskError, match=field):
+        frpg(**{field: value})
+
+
+def test_other_bad_input() -> None:
+    with pytest.raises(FedriskError, match="variant"):
+        LFRPG(model=model(), loss=cross_entropy, variant="literal")
+    with pytest.raises(FedriskError, match="local_slots_per_round"):
+        LFRPG(model=model(), loss=cross_entropy, local_slots_per_round=0)
+    with pytest.raises(FedriskError, match="lam"):
+        RSA(model=model(), loss=cross_entropy, lam=0.0)
+    with pytest.raises(FedriskError, match="lr_decay"):
+        RobustSGD(model=model(), loss=cross_entropy, lr_decay="cosine")
+    with pytest.raises(FedriskError, match="lipschitz_server"):
+        frpg(lipschitz_server=-1.0)
+    assert dataclasses.replace(frpg(), lam=2.0).lam == 2.0
+
+
+def test_frpg_from_a_config_with_an_attack() -> None:
+    from fedrisk.experiment.config import resolve_config
+    from fedrisk.experiment.runner import build_simulation
+
+    raw = {
+        "data": {"dataset": "digits", "partition": "class_groups", "num_clients": 20},
+        "model": {"name": "logreg"},
+        "algorithm": {"name": "lfrpg", "lipschitz": 24.1, "variant": "lit", "local_slots_per_round": 2},
+        "attack": {"name": "alie", "byzantine": [16, 17, 18, 19]},
+        "run": {"dtype": "float64"},
+    }
+    sim = build_simulation(resolve_config(raw)).simulation
+    assert sim.byzantine == [16, 17, 18, 19] and sim.attack.name == "alie"
+    assert {int(c) for c in sim.federation.clients[19].y.unique()} == {9}
+    sim.step()
+    with pytest.raises(FedriskError, match="mu"):
+        resolve_config({**raw, "algorithm": {"name": "frpg", "mu": 0.0}})

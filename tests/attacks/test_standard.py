@@ -1,0 +1,92 @@
+"""The standard attacks: pinned forged replies, randomness, data poisoning, registry and bad input."""
+
+import pytest
+import torch
+
+from fedrisk.aggregators import InMemoryReplies
+from fedrisk.algorithms.base import FedInfo, RoundContext
+from fedrisk.attacks import ALIE, ATTACKS, IPM, GaussianAttack, SameValueAttack, SignFlipAttack, ZeroAttack, alie_z
+from fedrisk.errors import FedriskError
+from fedrisk.rng import server_generator
+
+CTX = RoundContext(0, FedInfo(5, (1,) * 5, 2))
+
+
+def replies() -> InMemoryReplies:
+    """Five clients; each reply has a float model tree and an integer leaf (kept as is)."""
+    return InMemoryReplies(
+        {k: {"p": {"w": torch.tensor([float(k), 2.0 * k])}, "n": torch.tensor(k)} for k in range(5)}
+    )
+
+
+def forged(attack, byz=(3, 4), gen=None) -> dict:
+    out = attack.apply(CTX, replies(), list(byz), gen or torch.Generator().manual_seed(0)).as_dict()
+    for k in range(5):
+        if k not in byz:  # honest replies are untouched
+            assert out[k]["p"]["w"].tolist() == [float(k), 2.0 * k]
+        assert int(out[k]["n"]) == k  # non-floating leaves are kept
+    return out
+
+
+def test_pinned_forgeries() -> None:
+    out = forged(IPM(epsilon=0.5))
+    assert out[3]["p"]["w"].tolist() == [-0.5, -1.0] == out[4]["p"]["w"].tolist()  # -0.5 * mean(0, 1, 2)
+    assert forged(SignFlipAttack(2.0))[3]["p"]["w"].tolist() == [-6.0, -12.0]
+    assert forged(ZeroAttack())[4]["p"]["w"].tolist() == [0.0, 0.0]
+    assert forged(SameValueAttack(7.0))[4]["p"]["w"].tolist() == [7.0, 7.0]
+    # ALIE: mean - z std over the honest 0, 1, 2 (std with Bessel: 1 and 2)
+    assert forged(ALIE(z=1.5))[3]["p"]["w"].tolist() == pytest.approx([1.0 - 1.5, 2.0 - 3.0])
+    z = alie_z(5, 2)
+    assert forged(ALIE())[3]["p"]["w"].tolist() == pytest.approx([1.0 - z, 2.0 - 2 * z])
+
+
+def test_alie_z_matches_baruch_et_al() -> None:
+    assert alie_z(20, 4) == pytest.approx(0.38532, abs=1e-4)  # s = 7, Phi^-1(13/20)
+    assert alie_z(50, 24) == pytest.approx(1.75069, abs=1e-4)  # s = 2, Phi^-1(48/50)
+    with pytest.raises(FedriskError, match="0 < f < n"):
+        alie_z(5, 0)
+
+
+def test_gaussian_is_scaled_and_redrawn_every_round() -> None:
+    a = forged(GaussianAttack(1e4), gen=server_generator(0, 0, "attack"))
+    b = forged(GaussianAttack(1e4), gen=server_generator(0, 1, "attack"))
+    again = forged(GaussianAttack(1e4), gen=server_generator(0, 0, "attack"))
+    assert not torch.equal(a[3]["p"]["w"], b[3]["p"]["w"])
+    assert not torch.equal(a[3]["p"]["w"], a[4]["p"]["w"])  # per client
+    assert torch.equal(a[3]["p"]["w"], again[3]["p"]["w"])  # reproducible from the round's generator
+    big = GaussianAttack(1e4).forge_leaf(torch.zeros(10000), None, torch.Generator().manual_seed(1))
+    assert float(big.std()) == pytest.approx(1e4, rel=0.05)
+
+
+def test_omniscient_attack_needs_an_honest_reply() -> None:
+    with pytest.raises(FedriskError, match="honest"):
+        IPM().apply(CTX, replies(), [0, 1, 2, 3, 4], torch.Generator())
+
+
+@pytest.mark.parametrize(
+    ("cls", "kw", "match"),
+    [
+        (GaussianAttack, {"scale": 0.0}, "scale"),
+        (GaussianAttack, {"scale": float("inf")}, "scale"),
+        (SignFlipAttack, {"scale": -1.0}, "scale"),
+        (IPM, {"epsilon": 0.0}, "epsilon"),
+        (ALIE, {"z": float("nan")}, "z"),
+        (SameValueAttack, {"value": float("inf")}, "value"),
+    ],
+)
+def test_bad_attack_options(cls, kw, match) -> None:
+    with pytest.raises(FedriskError, match=match):
+        cls(**kw)
+
+
+def test_registry_and_config() -> None:
+    assert set(ATTACKS.names()) >= {"gaussian", "sign_flip", "alie", "ipm", "zero", "same_value", "label_flip"}
+    from fedrisk.experiment.config import resolve_config
+
+    raw = {"data": {"dataset": "wine", "num_clients": 6}, "model": {"name": "logreg"}}
+    cfg = resolve_config({**raw, "attack": {"name": "gaussian", "scale": 1e8, "num_byzantine": 2}})
+    assert cfg["attack.scale"] == 1e8
+    with pytest.raises(FedriskError, match="scale"):
+        from fedrisk.experiment.runner import build_simulation
+
+        build_simulation(resolve_config({**raw, "attack": {"name": "gaussian", "scale": -1.0, "num_byzantine": 2}}))
