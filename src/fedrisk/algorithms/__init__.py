@@ -17,6 +17,7 @@ from fedrisk.algorithms.base import (
 from fedrisk.algorithms.codasca import CODA, CODASCA, NPA, CODAPlus
 from fedrisk.algorithms.fedavg import FedAvg, FedProx
 from fedrisk.algorithms.local_only import Centralized, LocalOnly, centralized
+from fedrisk.algorithms.perm import PERM, PERMShuffling, PERMTwoStage
 from fedrisk.algorithms.scaffold import Scaffold
 from fedrisk.registry import Registry
 
@@ -26,6 +27,9 @@ ALGORITHMS.add("fedprox", FedProx, "FedProx: FedAvg with a proximal term mu/2 ||
 ALGORITHMS.add("scaffold", Scaffold, "SCAFFOLD: local SGD with control variates c - c_i (options I/II)")
 ALGORITHMS.add("local_only", LocalOnly, "each client trains its own model; no communication")
 ALGORITHMS.add("centralized", Centralized, "minibatch SGD on pooled data (a one-client federation)")
+ALGORITHMS.add("perm", PERM, "PERM single loop (Alg. 2): learned mixing weights + model shuffling")
+ALGORITHMS.add("perm_two_stage", PERMTwoStage, "PERM two-stage: FedAvg, weights at w^R (Alg. 3), then Alg. 1")
+ALGORITHMS.add("perm_shuffling", PERMShuffling, "Shuffling Local SGD (PERM Alg. 1) with fixed weights")
 ALGORITHMS.add("coda", CODA, "CODA: stagewise local primal-dual AUC SGD + pooled dual reset per stage")
 ALGORITHMS.add("codaplus", CODAPlus, "CODA+: stagewise local primal-dual AUC SGD with prox term (Alg. 1-2)")
 ALGORITHMS.add("npa", NPA, "NPA: CODA+ with I = 1 and local minibatch M (naive parallel PPD-SG)")
@@ -36,6 +40,7 @@ __all__ = [
     "CODA",
     "CODASCA",
     "NPA",
+    "PERM",
     "Algorithm",
     "CODAPlus",
     "Centralized",
@@ -45,6 +50,8 @@ __all__ = [
     "FedProx",
     "LocalData",
     "LocalOnly",
+    "PERMShuffling",
+    "PERMTwoStage",
     "RoundContext",
     "RoundPlan",
     "Scaffold",
