@@ -18,6 +18,7 @@ from fedrisk.algorithms.codasca import CODA, CODASCA, NPA, CODAPlus
 from fedrisk.algorithms.fedavg import FedAvg, FedProx
 from fedrisk.algorithms.local_only import Centralized, LocalOnly, centralized
 from fedrisk.algorithms.perm import PERM, PERMShuffling, PERMTwoStage
+from fedrisk.algorithms.personalized import APFL, Ditto, LocalizedFedAvg, PerFedAvg, PFedMe
 from fedrisk.algorithms.scaffold import Scaffold
 from fedrisk.registry import Registry
 
@@ -30,6 +31,11 @@ ALGORITHMS.add("centralized", Centralized, "minibatch SGD on pooled data (a one-
 ALGORITHMS.add("perm", PERM, "PERM single loop (Alg. 2): learned mixing weights + model shuffling")
 ALGORITHMS.add("perm_two_stage", PERMTwoStage, "PERM two-stage: FedAvg, weights at w^R (Alg. 3), then Alg. 1")
 ALGORITHMS.add("perm_shuffling", PERMShuffling, "Shuffling Local SGD (PERM Alg. 1) with fixed weights")
+ALGORITHMS.add("fedavg_ft", LocalizedFedAvg, "localized FedAvg: FedAvg + local fine-tuning of the received model")
+ALGORITHMS.add("perfedavg", PerFedAvg, "Per-FedAvg (Fallah et al. 2020): local MAML steps, FO or HF variant")
+ALGORITHMS.add("pfedme", PFedMe, "pFedMe (Dinh et al. 2020): Moreau-envelope personal models theta_i")
+ALGORITHMS.add("ditto", Ditto, "Ditto (Li et al. 2021): FedAvg + personal models pulled towards w")
+ALGORITHMS.add("apfl", APFL, "APFL (Deng et al. 2020): mixture a_i v_i + (1 - a_i) w with adaptive a_i")
 ALGORITHMS.add("coda", CODA, "CODA: stagewise local primal-dual AUC SGD + pooled dual reset per stage")
 ALGORITHMS.add("codaplus", CODAPlus, "CODA+: stagewise local primal-dual AUC SGD with prox term (Alg. 1-2)")
 ALGORITHMS.add("npa", NPA, "NPA: CODA+ with I = 1 and local minibatch M (naive parallel PPD-SG)")
@@ -37,6 +43,7 @@ ALGORITHMS.add("codasca", CODASCA, "CODASCA: CODA+ with primal/dual control vari
 
 __all__ = [
     "ALGORITHMS",
+    "APFL",
     "CODA",
     "CODASCA",
     "NPA",
@@ -45,13 +52,17 @@ __all__ = [
     "CODAPlus",
     "Centralized",
     "ClientResult",
+    "Ditto",
     "FedAvg",
     "FedInfo",
     "FedProx",
     "LocalData",
     "LocalOnly",
+    "LocalizedFedAvg",
     "PERMShuffling",
     "PERMTwoStage",
+    "PFedMe",
+    "PerFedAvg",
     "RoundContext",
     "RoundPlan",
     "Scaffold",
