@@ -67,6 +67,7 @@ from fedrisk.experiment.outputs import (
     append_jsonl,
     atomic_torch_save,
     atomic_write_text,
+    best_round,
     load_run,
     write_json,
     write_jsonl,
@@ -665,6 +666,7 @@ def make_summary(
         "evaluations": len(history.records),
         "final": {k: v for k, v in last.items() if k not in RECORD_KEYS},
         "best": best_values(history.records),
+        "best_round": best_round(history.records),  # personalised runs: every client statistic at one round
         "bytes_down": sim.ledger.total_down,
         "bytes_up": sim.ledger.total_up,
         "wall_time": last.get("wall_time"),
