@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedrisk.algorithms import PERM, FedAvg, PERMShuffling, PERMTwoStage
+from fedrisk.algorithms import PERM, FedAvg, PERMHetero, PERMShuffling, PERMTwoStage
 from fedrisk.algorithms.perm import (
     hosted_owners,
     mixing_weights,
@@ -444,3 +444,66 @@ def test_configured_from_toml_and_listed() -> None:
     sim = build_simulation(resolve_config(perm_config(lam=3.0, global_batch=8, warmup_rounds=2))).simulation
     assert isinstance(sim.algorithm, PERM) and sim.algorithm.lam == 3.0 and sim.algorithm.global_batch == 8
     assert "linear.bias" not in sim.server_state["w"]
+
+
+# ----------------------------------------------------------------------------- heterogeneous widths
+
+
+def mlp(dim: int = 10, hidden: tuple[int, ...] = (8,)) -> FunctionalModel:
+    return FunctionalModel(build_model("mlp", (dim,), 2, hidden=list(hidden)))
+
+
+def test_hetero_with_full_widths_is_perm() -> None:
+    fed = two_clusters(N=4)
+    kw = {"model": mlp(), "loss": cross_entropy, "lr": 0.5, "local_steps": 2, "batch_size": 8, "lam": 1.0}
+    a = Simulation(PERM(**kw), fed, seed=0, dtype=F64)
+    b = Simulation(PERMHetero(**kw, widths=(1.0,)), fed, seed=0, dtype=F64)
+    for _ in range(12):
+        a.step()
+        b.step()
+    for key in ("v", "w"):
+        for k in a.server_state[key]:
+            torch.testing.assert_close(a.server_state[key][k], b.server_state[key][k], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(a.server_state["alpha"], b.server_state["alpha"], rtol=1e-9, atol=1e-12)
+
+
+def test_hetero_models_keep_their_width_and_weak_hosts_train_only_their_part() -> None:
+    fed = two_clusters(N=4)
+    alg = PERMHetero(
+        model=mlp(hidden=(8, 6)), loss=cross_entropy, lr=0.5, local_steps=2, batch_size=8, widths=(1.0, 0.5)
+    )
+    sim = Simulation(alg, fed, seed=0, dtype=F64)
+    masks = sim.server_state["masks"]
+    assert masks["layers.0.weight"][1].sum(1).tolist() == [10.0] * 4 + [0.0] * 4  # width 0.5: 4 of 8 units
+    assert masks["layers.2.weight"][1].sum(0).tolist() == [3.0] * 4 + [0.0] * 4  # ... feeding 3 of 6
+    seen_partial = False
+    for _ in range(2 * (4 + 1)):
+        before = {k: x.clone() for k, x in sim.server_state["v"].items()}
+        kind = sim.step().kind
+        v = sim.server_state["v"]
+        for i in range(4):
+            for k in v:  # a model never grows beyond its own width
+                assert torch.equal(v[k][i] * (1 - masks[k][i]), torch.zeros_like(v[k][i]))
+        if kind == "shuffle":
+            owner = hosted_owners(sim.server_state["sigma"], (int(sim.server_state["j"]) - 1) % 4)
+            for host, i in enumerate(owner.tolist()):
+                if alg.width(i) > alg.width(host):  # a wide model at a narrow host: the outer units are untouched
+                    seen_partial = True
+                    outside = 1 - masks["layers.0.weight"][host]
+                    assert torch.equal(v["layers.0.weight"][i] * outside, before["layers.0.weight"][i] * outside)
+    assert seen_partial
+
+
+@pytest.mark.parametrize(
+    ("model", "widths", "match"),
+    [
+        ("mlp", (1.0, 0.0), "width 0.0 cannot be served"),
+        ("mlp", (1.2,), "width 1.2 cannot be served"),
+        ("mlp", (), "at least one width"),
+        ("logreg", (1.0, 0.5), "cannot be served by this model"),
+    ],
+)
+def test_hetero_widths_that_cannot_be_served(model: str, widths: tuple, match: str) -> None:
+    m = mlp() if model == "mlp" else logreg()
+    with pytest.raises(FedriskError, match=match):
+        PERMHetero(model=m, loss=cross_entropy, widths=widths)

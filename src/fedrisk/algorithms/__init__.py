@@ -17,7 +17,7 @@ from fedrisk.algorithms.base import (
 from fedrisk.algorithms.codasca import CODA, CODASCA, NPA, CODAPlus
 from fedrisk.algorithms.fedavg import FedAvg, FedProx
 from fedrisk.algorithms.local_only import Centralized, LocalOnly, centralized
-from fedrisk.algorithms.perm import PERM, PERMShuffling, PERMTwoStage
+from fedrisk.algorithms.perm import PERM, PERMHetero, PERMShuffling, PERMTwoStage
 from fedrisk.algorithms.personalized import APFL, Ditto, LocalizedFedAvg, PerFedAvg, PFedMe
 from fedrisk.algorithms.scaffold import Scaffold
 from fedrisk.registry import Registry
@@ -30,6 +30,7 @@ ALGORITHMS.add("local_only", LocalOnly, "each client trains its own model; no co
 ALGORITHMS.add("centralized", Centralized, "minibatch SGD on pooled data (a one-client federation)")
 ALGORITHMS.add("perm", PERM, "PERM single loop (Alg. 2): learned mixing weights + model shuffling")
 ALGORITHMS.add("perm_two_stage", PERMTwoStage, "PERM two-stage: FedAvg, weights at w^R (Alg. 3), then Alg. 1")
+ALGORITHMS.add("perm_hetero", PERMHetero, "PERM with per-client model widths (Sec. 3.3; partial training)")
 ALGORITHMS.add("perm_shuffling", PERMShuffling, "Shuffling Local SGD (PERM Alg. 1) with fixed weights")
 ALGORITHMS.add("fedavg_ft", LocalizedFedAvg, "localized FedAvg: FedAvg + local fine-tuning of the received model")
 ALGORITHMS.add("perfedavg", PerFedAvg, "Per-FedAvg (Fallah et al. 2020): local MAML steps, FO or HF variant")
@@ -59,6 +60,7 @@ __all__ = [
     "LocalData",
     "LocalOnly",
     "LocalizedFedAvg",
+    "PERMHetero",
     "PERMShuffling",
     "PERMTwoStage",
     "PFedMe",

@@ -95,8 +95,9 @@ def evaluate(
     splits: Sequence[str] = ("test",),
     personal: bool | None = None,
 ) -> dict[str, float]:
-    """All requested metrics for the global model on ``splits`` and, for personalised
-    algorithms with per-client test data, for every client's own model."""
+    """All requested metrics for the global model on ``splits`` and, when the federation has
+    per-client test splits (and ``personal`` is not False), for every client's own model
+    (``personal_params``: the global model for non-personalised algorithms)."""
     out: dict[str, float] = {}
     params = algorithm.global_params(server_state)
     if params is not None:
@@ -105,7 +106,9 @@ def evaluate(
             if split is not None:
                 for m, v in score_split(algorithm, params, split, metrics).items():
                     out[f"{name}_{m}"] = v
-    personal = algorithm.personalized if personal is None else personal
+    # every algorithm is scored per client when the federation has per-client test splits: a
+    # global model's per-client scores are the reference that personalised methods are compared to
+    personal = True if personal is None else personal
     if personal and federation.client_tests is not None:
         per_client: dict[str, list[float]] = {m: [] for m in metrics}
         sizes: list[int] = []
