@@ -507,3 +507,16 @@ def test_hetero_widths_that_cannot_be_served(model: str, widths: tuple, match: s
     m = mlp() if model == "mlp" else logreg()
     with pytest.raises(FedriskError, match=match):
         PERMHetero(model=m, loss=cross_entropy, widths=widths)
+
+
+@pytest.mark.parametrize("name", ["synthetic", "fmnist"])
+def test_shipped_configs_resolve_for_every_variant(name: str) -> None:
+    from pathlib import Path
+
+    from fedrisk.experiment.config import load_config
+    from fedrisk.experiment.sweep import expand_sweep
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "perm" / f"{name}.toml"
+    cfg = load_config(path)
+    points = expand_sweep(cfg, "runs/x", variants=cfg["sweep.variants"], seeds=[0])
+    assert {p.label for p in points} >= {"perm", "fedavg", "local", "fedavg_ft", "pfedme", "ditto", "apfl"}
