@@ -171,7 +171,7 @@ def test_unknown_option_keys_of_named_components(tiny):
     assert "valid options of dataset 'digits'" in err(tiny, ["data.dataset_options.flaten=true"])
     assert (
         err(tiny, ["model.hiden=[4]"])
-        == "unknown key 'model.hiden'; valid options of model 'logreg': output_activation"
+        == "unknown key 'model.hiden'; valid options of model 'logreg': bias, output_activation"
     )
     msg = err(tiny, ["model.name=mlp", "model.hiden=[4]"])
     assert msg.startswith("unknown key 'model.hiden' (did you mean 'model.hidden'?); valid options of model 'mlp'")

@@ -21,6 +21,8 @@ from fedrisk.algorithms.fessgda import FESSGDA, FESSGDARegularized
 from fedrisk.algorithms.frpg import FRPG, LFRPG, RSA, RobustSGD
 from fedrisk.algorithms.local_only import Centralized, LocalOnly, centralized
 from fedrisk.algorithms.local_pair import CentralizedPair, LocalPair
+from fedrisk.algorithms.perm import PERM, PERMHetero, PERMShuffling, PERMTwoStage
+from fedrisk.algorithms.personalized import APFL, Ditto, LocalizedFedAvg, PerFedAvg, PFedMe
 from fedrisk.algorithms.scaffold import Scaffold
 from fedrisk.algorithms.sgda import FSGDA, SAGDA, FedNormSGDA, FedNormSGDAPlus, LocalSGDA, LocalSGDAPlus
 from fedrisk.registry import Registry
@@ -31,6 +33,15 @@ ALGORITHMS.add("fedprox", FedProx, "FedProx: FedAvg with a proximal term mu/2 ||
 ALGORITHMS.add("scaffold", Scaffold, "SCAFFOLD: local SGD with control variates c - c_i (options I/II)")
 ALGORITHMS.add("local_only", LocalOnly, "each client trains its own model; no communication")
 ALGORITHMS.add("centralized", Centralized, "minibatch SGD on pooled data (a one-client federation)")
+ALGORITHMS.add("perm", PERM, "PERM single loop (Alg. 2): learned mixing weights + model shuffling")
+ALGORITHMS.add("perm_two_stage", PERMTwoStage, "PERM two-stage: FedAvg, weights at w^R (Alg. 3), then Alg. 1")
+ALGORITHMS.add("perm_hetero", PERMHetero, "PERM with per-client model widths (Sec. 3.3; partial training)")
+ALGORITHMS.add("perm_shuffling", PERMShuffling, "Shuffling Local SGD (PERM Alg. 1) with fixed weights")
+ALGORITHMS.add("fedavg_ft", LocalizedFedAvg, "localized FedAvg: FedAvg + local fine-tuning of the received model")
+ALGORITHMS.add("perfedavg", PerFedAvg, "Per-FedAvg (Fallah et al. 2020): local MAML steps, FO or HF variant")
+ALGORITHMS.add("pfedme", PFedMe, "pFedMe (Dinh et al. 2020): Moreau-envelope personal models theta_i")
+ALGORITHMS.add("ditto", Ditto, "Ditto (Li et al. 2021): FedAvg + personal models pulled towards w")
+ALGORITHMS.add("apfl", APFL, "APFL (Deng et al. 2020): mixture a_i v_i + (1 - a_i) w with adaptive a_i")
 ALGORITHMS.add("coda", CODA, "CODA: stagewise local primal-dual AUC SGD + pooled dual reset per stage")
 ALGORITHMS.add("codaplus", CODAPlus, "CODA+: stagewise local primal-dual AUC SGD with prox term (Alg. 1-2)")
 ALGORITHMS.add("npa", NPA, "NPA: CODA+ with I = 1 and local minibatch M (naive parallel PPD-SG)")
@@ -55,6 +66,7 @@ ALGORITHMS.add("robust_sgd", RobustSGD, "SGD whose server combines gradients wit
 
 __all__ = [
     "ALGORITHMS",
+    "APFL",
     "CODA",
     "CODASCA",
     "FESSGDA",
@@ -62,6 +74,7 @@ __all__ = [
     "FSGDA",
     "LFRPG",
     "NPA",
+    "PERM",
     "RSA",
     "SAGDA",
     "Algorithm",
@@ -69,6 +82,7 @@ __all__ = [
     "Centralized",
     "CentralizedPair",
     "ClientResult",
+    "Ditto",
     "FESSGDARegularized",
     "FeDXL1",
     "FeDXL2",
@@ -82,6 +96,12 @@ __all__ = [
     "LocalPair",
     "LocalSGDA",
     "LocalSGDAPlus",
+    "LocalizedFedAvg",
+    "PERMHetero",
+    "PERMShuffling",
+    "PERMTwoStage",
+    "PFedMe",
+    "PerFedAvg",
     "RobustSGD",
     "RoundContext",
     "RoundPlan",

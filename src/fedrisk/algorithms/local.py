@@ -164,3 +164,31 @@ def _eager_sgd_steps(
         values = [torch.add(v, torch.zeros_like(v) if g is None else g, alpha=-lr) for v, g in zip(values, grads)]
         losses.append(loss.detach())
     return dict(zip(names, values)), torch.stack(losses).mean()
+
+
+def full_batch_objective(
+    apply: Callable[[Tree, Tensor], Tensor], loss: Callable[[Tensor, Tensor], Tensor]
+) -> Callable[[Tree, LocalData], Tensor]:
+    """``params, data -> mean over the client's real rows of loss(apply(params, x_m), y_m)``.
+
+    Under ``torch.func`` (the vectorised executor): per-row losses (``vmap`` over rows) averaged
+    with :meth:`LocalData.valid`, so padding rows do not count; eagerly: ``loss`` on the first
+    ``size`` rows (the same mean, up to rounding).  Either way the full local objective f_k(params),
+    e.g. for PERM's gradients at the global model.
+
+    Example:
+        >>> x, y = torch.tensor([[1.0], [3.0], [0.0]]), torch.tensor([0.0, 0.0, 0.0])
+        >>> f = full_batch_objective(lambda p, x: x @ p, lambda o, t: ((o.reshape(-1) - t) ** 2).mean())
+        >>> float(f(torch.ones(1), LocalData(x, y, torch.tensor(2))))  # (1 + 9) / 2, the padding row ignored
+        5.0
+    """
+
+    def objective(params: Tree, data: LocalData) -> Tensor:
+        if not in_functorch_transform():  # eager: no padding to mask, one batched call (the same mean)
+            n = int(data.size)
+            return loss(apply(params, data.x[:n]), data.y[:n])
+        per_row = torch.func.vmap(lambda x, y: loss(apply(params, x[None]), y[None]))(data.x, data.y)
+        mask = data.valid()
+        return (per_row * mask).sum() / mask.sum()
+
+    return objective

@@ -641,9 +641,25 @@ def resolve_config(
     if "attack" in raw:
         values["attack"] = _resolve_attack(raw["attack"], values["data"]["num_clients"])
     values["run"] = _resolve_run(raw.get("run", {}), values["data"])
+    _check_stage_rounds(algorithm, values["run"]["rounds"])
     values["output"] = _check_fixed("output", raw.get("output", {}))
     values["sweep"] = _resolve_sweep(raw.get("sweep", {}))
     return ExperimentConfig(values=values, raw=raw, source=source)
+
+
+STAGE_ROUND_FIELDS = ("warmup_rounds", "fedavg_rounds")
+"""Algorithm hyper-parameters that count rounds of a first stage (PERM's warm-up, two-stage
+PERM's FedAvg stage): the run must be longer."""
+
+
+def _check_stage_rounds(algorithm: Mapping[str, Any], rounds: int) -> None:
+    for key in STAGE_ROUND_FIELDS:
+        value = algorithm.get(key)
+        if isinstance(value, int) and value >= rounds:
+            raise FedriskError(
+                f"algorithm.{key} = {value} is not below run.rounds = {rounds}: the run would end before "
+                f"{algorithm.get('name')!r} starts personalising; lower {key} or raise run.rounds"
+            )
 
 
 def _import_plugins(modules: Any, source: Path | None) -> None:

@@ -236,3 +236,42 @@ def find_runs(paths: Sequence[str | Path]) -> list[Path]:
     for p in found:
         unique.setdefault(p.resolve(), None)
     return list(unique)
+
+
+# ----------------------------------------------------------------------------- personalised runs
+
+PERSONAL_STATS = ("wmean", "mean", "std", "bottom10")
+"""The client summaries of a personalised metric shown by reports (see ``runtime.evaluation``)."""
+
+
+def best_round(records: Sequence[Mapping[str, Any]], metric: str | None = None) -> dict[str, Any] | None:
+    """The evaluation at the round where ``metric`` is best, named apart from the last one.
+
+    ``metric`` defaults to ``personal_accuracy_mean`` (else the first ``personal_*_mean``);
+    losses (and stds) are minimised.  Returns ``{"round", "selected_by", "metrics"}`` or None
+    when no record has the metric.
+
+    Example:
+        >>> recs = [{"round": 1, "personal_accuracy_mean": 0.7}, {"round": 2, "personal_accuracy_mean": 0.6}]
+        >>> best_round(recs)["round"], best_round(recs)["selected_by"]
+        (1, 'personal_accuracy_mean')
+    """
+    from fedrisk.runtime.evaluation import LOWER_IS_BETTER
+
+    if metric is None:
+        names = [k for r in records for k in r if k.startswith("personal_") and k.endswith("_mean")]
+        if not names:
+            return None
+        metric = "personal_accuracy_mean" if "personal_accuracy_mean" in names else names[0]
+    lower = any(metric.endswith(n) or f"_{n}_" in metric for n in LOWER_IS_BETTER)
+    best: Mapping[str, Any] | None = None
+    for r in records:
+        v = r.get(metric)
+        if not isinstance(v, (int, float)) or v != v:
+            continue
+        if best is None or (v < best[metric] if lower else v > best[metric]):
+            best = r
+    if best is None:
+        return None
+    metrics = {k: v for k, v in best.items() if k not in RECORD_KEYS}
+    return {"round": best["round"], "selected_by": metric, "metrics": metrics}

@@ -33,7 +33,7 @@ from typing import Any
 
 from fedrisk.errors import FedriskError
 from fedrisk.experiment.config import semantic_view
-from fedrisk.experiment.outputs import RunData, atomic_write_text, find_runs, load_run
+from fedrisk.experiment.outputs import PERSONAL_STATS, RunData, atomic_write_text, best_round, find_runs, load_run
 from fedrisk.experiment.plots import MB, Curve, plot_curves
 from fedrisk.experiment.runner import lower_is_better
 from fedrisk.experiment.types import format_value
@@ -159,6 +159,39 @@ def markdown_table(groups: Sequence[Group], metrics: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def _personal_detail(metric: str) -> bool:
+    """``personal_accuracy_std`` and kin: shown in the personalised table, not the main one."""
+    return metric.startswith("personal_") and metric.rsplit("_", 1)[-1] in (*PERSONAL_STATS, "worst") and not (
+        metric.endswith("_mean") and not metric.endswith("_wmean")
+    )
+
+
+def personal_table(groups: Sequence[Group], metric: str = "accuracy") -> str:
+    """Per configuration: ``personal_{metric}_{wmean,mean,std,bottom10}`` at the last evaluation
+    and at the best round (mean ± std over seeds; "" when no run has personalised metrics).
+
+    Example:
+        >>> personal_table([])
+        ''
+    """
+    keys = [f"personal_{metric}_{s}" for s in PERSONAL_STATS]
+    if not any(keys[1] in r for g in groups for run in g.runs for r in run.records):
+        return ""
+    head = ["configuration"] + [f"last {s}" for s in PERSONAL_STATS] + [f"best-round {s}" for s in PERSONAL_STATS]
+    head.append("best round")
+    rows = []
+    for g in groups:
+        last = [run.records[-1] for run in g.runs if run.records]
+        best = [b for b in (best_round(run.records, keys[1]) for run in g.runs) if b is not None]
+        row = [g.label]
+        row += [format_mean_std([float(r[k]) for r in last if k in r]) for k in keys]
+        row += [format_mean_std([float(b["metrics"][k]) for b in best if k in b["metrics"]]) for k in keys]
+        row.append("/".join(str(b["round"]) for b in best))
+        rows.append(row)
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
 def group_curve(group: Group, metrics: Sequence[str]) -> Curve:
     """Mean ± std over the group's runs at the rounds every run evaluated."""
     common = None
@@ -214,8 +247,9 @@ def make_report(
             )
         chosen = list(metrics)
     else:
-        chosen = [m for m in available if not m.startswith("train_")] or available
+        chosen = [m for m in available if not m.startswith("train_") and not _personal_detail(m)] or available
     table = markdown_table(groups, chosen)
+    personal = personal_table(groups)
     out_dir = Path(out) if out is not None else _default_out(paths)
     plot_files: list[Path] = []
     if plots and any(r.records for r in runs):
@@ -228,6 +262,15 @@ def make_report(
         table,
         "",
     ]
+    if personal:
+        lines += [
+            "Personalised models, each client's model on its own test split (weighted mean by test size, "
+            "unweighted mean, std and bottom-10% over clients), at the last evaluation and at each run's best "
+            "round (selected by the unweighted mean):",
+            "",
+            personal,
+            "",
+        ]
     lines += [f"![{p.stem}]({p.name})" for p in plot_files]
     lines += ["", "Runs:", ""] + [f"- `{r.path}`" for r in runs]
     markdown = "\n".join(lines) + "\n"

@@ -66,7 +66,9 @@ from fedrisk.experiment.outputs import (
     RECORD_KEYS,
     RunDir,
     append_jsonl,
+    atomic_torch_save,
     atomic_write_text,
+    best_round,
     load_run,
     write_json,
     write_jsonl,
@@ -730,6 +732,7 @@ def make_summary(
         "evaluations": len(history.records),
         "final": {k: v for k, v in last.items() if k not in RECORD_KEYS},
         "best": best_values(history.records),
+        "best_round": best_round(history.records),  # personalised runs: every client statistic at one round
         "bytes_down": sim.ledger.total_down,
         "bytes_up": sim.ledger.total_up,
         "wall_time": last.get("wall_time"),

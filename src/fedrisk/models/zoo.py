@@ -116,18 +116,21 @@ class _ZooModel(nn.Module):
 
 
 class LogReg(_ZooModel):
-    """A single linear layer on the flattened input (logistic / softmax regression)."""
+    """A single linear layer on the flattened input (logistic / softmax regression);
+    ``bias=False`` drops the intercept (PERM's synthetic experiment, spec 003 pitfall P11)."""
 
-    def __init__(self, input_shape: tuple[int, ...], num_outputs: int, output_activation: str | None = None) -> None:
+    def __init__(
+        self, input_shape: tuple[int, ...], num_outputs: int, output_activation: str | None = None, bias: bool = True
+    ) -> None:
         super().__init__(input_shape, output_activation)
-        self.linear = nn.Linear(math.prod(input_shape), num_outputs)
+        self.linear = nn.Linear(math.prod(input_shape), num_outputs, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self._finish(self.linear(x.flatten(1)))
 
     def functional_forward(self, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
         """``forward`` as a pure function of ``params`` (skips functional_call's overhead)."""
-        return self._finish(F.linear(x.flatten(1), params["linear.weight"], params["linear.bias"]))
+        return self._finish(F.linear(x.flatten(1), params["linear.weight"], params.get("linear.bias")))
 
 
 class MLP(_ZooModel):
@@ -303,15 +306,17 @@ def _check_outputs(num_outputs: int, model: str) -> int:
 
 
 @MODELS.register("logreg", "linear layer on the flattened input (logistic regression)")
-def logreg(input_shape: Sequence[int], num_outputs: int, *, output_activation: str | None = None) -> nn.Module:
-    """Build :class:`LogReg`.
+def logreg(
+    input_shape: Sequence[int], num_outputs: int, *, output_activation: str | None = None, bias: bool = True
+) -> nn.Module:
+    """Build :class:`LogReg` (``bias=False``: no intercept).
 
     Example:
-        >>> logreg((1, 28, 28), 10).linear.weight.shape
-        torch.Size([10, 784])
+        >>> logreg((1, 28, 28), 10).linear.weight.shape, logreg((3,), 2, bias=False).linear.bias
+        (torch.Size([10, 784]), None)
     """
     shape = _shape(input_shape, "logreg")
-    return LogReg(shape, _check_outputs(num_outputs, "logreg"), output_activation)
+    return LogReg(shape, _check_outputs(num_outputs, "logreg"), output_activation, bias=bias)
 
 
 @MODELS.register("mlp", "ReLU multilayer perceptron on the flattened input (option: hidden)")

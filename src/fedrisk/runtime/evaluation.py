@@ -2,12 +2,16 @@
 
 * the global model (``Algorithm.global_params``) on a global split (``test`` / ``validation``),
   reported as ``"{split}_{metric}"``;
-* personalised models (``Algorithm.personal_params``) on each client's own test split, reported
-  as ``"personal_{metric}_mean"`` and ``"personal_{metric}_worst"``.
+* personalised models (``Algorithm.personal_params``: client k's own model) on each client's
+  own test split, summarised over clients (:func:`client_summary`) as
+  ``"personal_{metric}_{stat}"`` with stat ``mean`` (unweighted over clients), ``wmean``
+  (weighted by the clients' test sizes), ``std`` (population std over clients), ``bottom10``
+  (the mean of the worst 10% of clients, at least one) and ``worst``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -18,7 +22,32 @@ from fedrisk.data.federation import Federation, Samples
 from fedrisk.metrics import log_loss, parse_metric
 from fedrisk.tree import Tree
 
-LOWER_IS_BETTER = ("log_loss", "loss", "generator_error", "grad_phi_norm")
+LOWER_IS_BETTER = ("log_loss", "loss", "std", "generator_error", "grad_phi_norm")
+"""Metric names (and suffixes: ``personal_accuracy_std``) whose smaller values are better."""
+
+CLIENT_STATS = ("mean", "wmean", "std", "bottom10", "worst")
+
+
+def client_summary(values: Sequence[float], sizes: Sequence[int], lower_is_better: bool = False) -> dict[str, float]:
+    """Summaries of one metric over clients: unweighted ``mean``, ``wmean`` weighted by ``sizes``,
+    population ``std``, ``bottom10`` (mean of the worst ceil(10%) clients) and ``worst``.
+
+    Example:
+        >>> s = client_summary([1.0, 0.5, 0.9, 0.8, 1.0, 1.0, 0.7, 0.9, 1.0, 0.2, 0.9], [1] * 10 + [10])
+        >>> {k: round(v, 4) for k, v in s.items()}
+        {'mean': 0.8091, 'wmean': 0.85, 'std': 0.2429, 'bottom10': 0.35, 'worst': 0.2}
+    """
+    v = torch.tensor(list(values), dtype=torch.float64)
+    w = torch.tensor(list(sizes), dtype=torch.float64)
+    ordered = v.sort(descending=lower_is_better).values
+    tail = ordered[: max(1, math.ceil(0.1 * len(v)))]
+    return {
+        "mean": float(v.mean()),
+        "wmean": float((v * w).sum() / w.sum()),
+        "std": float(v.std(unbiased=False)),
+        "bottom10": float(tail.mean()),
+        "worst": float(ordered[0]),
+    }
 
 
 def default_metrics(federation: Federation, output_dim: int) -> list[str]:
@@ -66,8 +95,9 @@ def evaluate(
     splits: Sequence[str] = ("test",),
     personal: bool | None = None,
 ) -> dict[str, float]:
-    """All requested metrics for the global model on ``splits`` and, for personalised
-    algorithms with per-client test data, for every client's own model."""
+    """All requested metrics for the global model on ``splits`` and, when the federation has
+    per-client test splits (and ``personal`` is not False), for every client's own model
+    (``personal_params``: the global model for non-personalised algorithms)."""
     out: dict[str, float] = {}
     params = algorithm.global_params(server_state)
     if params is not None:
@@ -79,18 +109,21 @@ def evaluate(
     state_metrics = getattr(algorithm, "state_metrics", None)
     if state_metrics is not None:
         out.update(state_metrics(server_state, federation))
-    personal = algorithm.personalized if personal is None else personal
+    # every algorithm is scored per client when the federation has per-client test splits: a
+    # global model's per-client scores are the reference that personalised methods are compared to
+    personal = True if personal is None else personal
     if personal and federation.client_tests is not None:
         per_client: dict[str, list[float]] = {m: [] for m in metrics}
+        sizes: list[int] = []
         for k, test in enumerate(federation.client_tests):
             if len(test) == 0:
                 continue
             p = algorithm.personal_params(server_state, client_states[k], k)
             for m, v in score_split(algorithm, p, test, metrics).items():
                 per_client[m].append(v)
+            sizes.append(len(test))
         for m, vals in per_client.items():
             if vals:
-                worst = max(vals) if m in LOWER_IS_BETTER else min(vals)
-                out[f"personal_{m}_mean"] = sum(vals) / len(vals)
-                out[f"personal_{m}_worst"] = worst
+                for stat, v in client_summary(vals, sizes, m in LOWER_IS_BETTER).items():
+                    out[f"personal_{m}_{stat}"] = v
     return out

@@ -1,0 +1,234 @@
+"""Personalised baselines: localised FedAvg (fine-tuning), Per-FedAvg (FO / HF), pFedMe, Ditto, APFL.
+
+Each update is checked against a hand-written step on least squares (exact Hessians), the
+reductions to FedAvg / local training, bad input, and a short run on PERM's two clusters.
+Executor equivalence is covered for every registered algorithm by ``tests/runtime``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedrisk.algorithms import APFL, Ditto, FedAvg, LocalizedFedAvg, PerFedAvg, PFedMe
+from fedrisk.data.federation import Federation, Samples
+from fedrisk.data.synthetic import perm_two_cluster_federation
+from fedrisk.errors import FedriskError
+from fedrisk.models import FunctionalModel, build_model
+from fedrisk.objectives.supervised import cross_entropy, mean_squared_error
+from fedrisk.rng import client_generator
+from fedrisk.runtime.evaluation import evaluate
+from fedrisk.runtime.simulation import Simulation
+
+F64 = torch.float64
+D = 3
+
+
+class Linear:
+    def init_params(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
+        return {"w": torch.randn(D, generator=gen, dtype=F64)}
+
+    def apply(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return x @ params["w"]
+
+
+def least_squares(sizes: tuple[int, ...] = (8, 10, 12)) -> Federation:
+    g = torch.Generator().manual_seed(0)
+    clients = []
+    for k, n in enumerate(sizes):
+        a = torch.randn(n, D, generator=g, dtype=F64) + 0.5 * k
+        clients.append(Samples(a, a @ (2.0 * torch.randn(D, generator=g, dtype=F64))))
+    return Federation("least-squares", clients, num_classes=1)
+
+
+def grad(w: torch.Tensor, s: Samples, idx: torch.Tensor) -> torch.Tensor:
+    x, y = s.x[idx], s.y[idx]
+    return x.T @ (x @ w - y) / len(idx)
+
+
+def hessian(s: Samples, idx: torch.Tensor) -> torch.Tensor:
+    x = s.x[idx]
+    return x.T @ x / len(idx)
+
+
+COMMON = {"model": Linear(), "loss": mean_squared_error, "lr": 0.05, "local_steps": 3, "batch_size": 4}
+
+
+def one_round(alg, fed: Federation) -> tuple[Simulation, torch.Tensor]:
+    sim = Simulation(alg, fed, seed=0, dtype=F64)
+    w0 = sim.server_state["params"]["w"].clone()
+    sim.step()
+    return sim, w0
+
+
+def draws(alg, fed: Federation, k: int) -> dict:
+    from fedrisk.algorithms.base import RoundContext
+    from fedrisk.runtime.simulation import fed_info
+
+    ctx = RoundContext(0, fed_info(fed))
+    return alg.draw(ctx, k, fed.client_sizes[k], client_generator(0, round=0, client=k))
+
+
+def test_localized_fedavg_trains_like_fedavg_and_fine_tunes_the_received_model() -> None:
+    fed = least_squares()
+    alg = LocalizedFedAvg(**COMMON, finetune_steps=4, finetune_lr=0.2)
+    sim, w0 = one_round(alg, fed)
+    ref, _ = one_round(FedAvg(**COMMON), fed)
+    assert torch.equal(sim.server_state["params"]["w"], ref.server_state["params"]["w"])
+    for k, s in enumerate(fed.clients):
+        idx = draws(alg, fed, k)["finetune"]
+        w = w0.clone()
+        for t in range(4):
+            w = w - 0.2 * grad(w, s, idx[t])
+        torch.testing.assert_close(alg.personal_params(sim.server_state, sim.client_states[k], k)["w"], w)
+    no_ft, w0 = one_round(LocalizedFedAvg(**COMMON, finetune_steps=0), fed)
+    assert all(torch.equal(no_ft.client_states[k]["personal"]["w"], w0) for k in range(3))
+
+
+@pytest.mark.parametrize("variant", ["fo", "hf"])
+def test_per_fedavg_step_matches_the_maml_update(variant: str) -> None:
+    """On least squares the finite-difference Hessian-vector product is exact: HF = second-order MAML."""
+    fed = least_squares()
+    a, b = 0.1, 0.05
+    alg = PerFedAvg(**{**COMMON, "lr": b}, inner_lr=a, variant=variant)
+    sim, w0 = one_round(alg, fed)
+    expected = []
+    for k, s in enumerate(fed.clients):
+        d = draws(alg, fed, k)
+        w = w0.clone()
+        for t in range(3):
+            i1, i2, i3 = d["batches"][3 * t], d["batches"][3 * t + 1], d["batches"][3 * t + 2]
+            g = grad(w - a * grad(w, s, i1), s, i2)
+            if variant == "hf":
+                g = g - a * hessian(s, i3) @ g
+            w = w - b * g
+        expected.append(w)
+        personal = w0 - a * grad(w0, s, d["personal"][0])
+        torch.testing.assert_close(sim.client_states[k]["personal"]["w"], personal)
+    sizes = torch.tensor(fed.client_sizes, dtype=F64)
+    mean = sum(n * w for n, w in zip(sizes, expected)) / sizes.sum()
+    torch.testing.assert_close(sim.server_state["params"]["w"], mean, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.5])
+def test_pfedme_step_and_server_mixing(beta: float) -> None:
+    fed = least_squares()
+    lam, plr, K = 2.0, 0.1, 4
+    alg = PFedMe(**COMMON, lam=lam, personal_lr=plr, inner_steps=K, beta=beta)
+    sim, w0 = one_round(alg, fed)
+    ws = []
+    for k, s in enumerate(fed.clients):
+        idx = draws(alg, fed, k)["batches"]
+        w = theta = w0.clone()
+        for t in range(3):
+            for _ in range(K):
+                theta = theta - plr * (grad(theta, s, idx[t]) + lam * (theta - w))
+            w = w - 0.05 * lam * (w - theta)
+        ws.append(w)
+        torch.testing.assert_close(sim.client_states[k]["personal"]["w"], theta)
+    sizes = torch.tensor(fed.client_sizes, dtype=F64)
+    mean = sum(n * w for n, w in zip(sizes, ws)) / sizes.sum()
+    torch.testing.assert_close(sim.server_state["params"]["w"], (1 - beta) * w0 + beta * mean)
+
+
+def test_ditto_personal_model_is_pulled_towards_the_received_global_model() -> None:
+    fed = least_squares()
+    lam, plr = 0.5, 0.1
+    alg = Ditto(**COMMON, lam=lam, personal_lr=plr, personal_steps=2)
+    sim = Simulation(alg, fed, seed=0, dtype=F64)
+    ref = Simulation(FedAvg(**COMMON), fed, seed=0, dtype=F64)
+    v = {k: sim.client_states[k]["personal"]["w"].clone() for k in range(3)}
+    for r in range(2):
+        w_r = sim.server_state["params"]["w"].clone()
+        sim.step()
+        ref.step()
+        for k, s in enumerate(fed.clients):
+            from fedrisk.algorithms.base import RoundContext
+            from fedrisk.runtime.simulation import fed_info
+
+            idx = alg.draw(RoundContext(r, fed_info(fed)), k, len(s), client_generator(0, round=r, client=k))[
+                "personal"
+            ]
+            for t in range(2):
+                v[k] = v[k] - plr * (grad(v[k], s, idx[t]) + lam * (v[k] - w_r))
+            torch.testing.assert_close(sim.client_states[k]["personal"]["w"], v[k])
+    assert torch.equal(sim.server_state["params"]["w"], ref.server_state["params"]["w"])  # w is FedAvg's
+
+
+def test_apfl_reductions_and_adaptive_mixing() -> None:
+    fed = least_squares()
+    # a = 0: the personal model is the global model, and w follows FedAvg exactly
+    sim, _ = one_round(APFL(**COMMON, mix=0.0), fed)
+    ref, _ = one_round(FedAvg(**COMMON), fed)
+    assert torch.equal(sim.server_state["params"]["w"], ref.server_state["params"]["w"])
+    alg0 = sim.algorithm
+    assert torch.equal(
+        alg0.personal_params(sim.server_state, sim.client_states[1], 1)["w"], ref.server_state["params"]["w"]
+    )
+    # a = 1 fixed: v is local SGD on f_k
+    alg = APFL(**COMMON, mix=1.0)
+    sim, w0 = one_round(alg, fed)
+    for k, s in enumerate(fed.clients):
+        idx = draws(alg, fed, k)["batches"]
+        v = w0.clone()
+        for t in range(3):
+            v = v - 0.05 * grad(v, s, idx[t])
+        torch.testing.assert_close(sim.client_states[k]["v"]["w"], v)
+    # adaptive a: moves, stays in [0, 1], and follows <v - w, grad f(v_bar)> in its first step
+    alg = APFL(**{**COMMON, "local_steps": 1}, mix=0.5, mix_lr=0.3)
+    sim = Simulation(alg, fed, seed=0, dtype=F64)
+    sim.client_states[0]["v"] = {"w": sim.client_states[0]["v"]["w"] + 1.0}
+    v0, w0 = sim.client_states[0]["v"]["w"].clone(), sim.server_state["params"]["w"].clone()
+    sim.step()
+    idx = draws(alg, fed, 0)["batches"][0]
+    a1 = (0.5 - 0.3 * torch.dot(v0 - w0, grad(0.5 * v0 + 0.5 * w0, fed.clients[0], idx))).clamp(0, 1)
+    torch.testing.assert_close(sim.client_states[0]["mix"], a1)
+    for _ in range(5):
+        sim.step()
+    assert all(0.0 <= float(sim.client_states[k]["mix"]) <= 1.0 for k in range(3))
+
+
+@pytest.mark.parametrize(
+    ("build", "match"),
+    [
+        (lambda: LocalizedFedAvg(**COMMON, finetune_steps=-1), "finetune_steps = -1"),
+        (lambda: PerFedAvg(**COMMON, inner_lr=0.0), "inner_lr = 0.0"),
+        (lambda: PerFedAvg(**COMMON, variant="second_order"), "unknown variant"),
+        (lambda: PFedMe(**COMMON, inner_steps=0), "inner_steps = 0"),
+        (lambda: PFedMe(**COMMON, lam=0.0), "lam = 0.0"),
+        (lambda: Ditto(**COMMON, personal_steps=0), "personal_steps = 0"),
+        (lambda: APFL(**COMMON, mix=1.5), "mix = 1.5"),
+        (lambda: APFL(**COMMON, mix_lr=-0.1), "mix_lr = -0.1"),
+    ],
+)
+def test_bad_hyper_parameters(build, match: str) -> None:
+    with pytest.raises(FedriskError, match=match):
+        build()
+
+
+def test_every_baseline_personalises_on_two_clusters() -> None:
+    """Opposite labelling in the two clusters: a global linear model without bias sits near 50%,
+    every personalised baseline must do clearly better (short run, N = 6).  Measured 2026-11-24
+    (FedAvg 0.49): fine-tuning 0.76, Per-FedAvg FO / HF 0.67 / 0.69, pFedMe 0.71, Ditto 0.86, APFL 0.89."""
+    fed = perm_two_cluster_federation(6, samples_per_client=60, dim=10, test_per_client=100, seed=1)
+    model = FunctionalModel(build_model("logreg", (10,), 2, bias=False))
+    kw = {"model": model, "loss": cross_entropy, "lr": 0.3, "local_steps": 5, "batch_size": 16}
+    algs = [
+        LocalizedFedAvg(**kw, finetune_steps=10, finetune_lr=0.3),
+        PerFedAvg(**kw, inner_lr=1.0),
+        PerFedAvg(**kw, inner_lr=1.0, variant="hf"),
+        PFedMe(**kw, lam=1.0, personal_lr=0.1),
+        Ditto(**kw, lam=0.05, personal_lr=0.3, personal_steps=5),
+        APFL(**kw, mix=0.5, mix_lr=0.1),
+    ]
+    fedavg = Simulation(FedAvg(**kw), fed, seed=0)
+    for _ in range(15):
+        fedavg.step()
+    base = evaluate(
+        fedavg.algorithm, fedavg.server_state, fedavg.client_states, fedavg.federation, ["accuracy"], personal=True
+    )
+    for alg in algs:
+        sim = Simulation(alg, fed, seed=0)
+        for _ in range(15):
+            sim.step()
+        got = evaluate(alg, sim.server_state, sim.client_states, sim.federation, ["accuracy"])
+        assert got["personal_accuracy_mean"] > base["personal_accuracy_mean"] + 0.15, (alg.name, got, base)
