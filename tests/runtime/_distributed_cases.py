@@ -101,7 +101,7 @@ def model(features: int = FEATURES, outputs: int = CLASSES) -> FunctionalModel:
 
 
 # -- every registered algorithm, built as a config would build it ---------------------------
-SMALL = {"lr": 0.05, "local_steps": 2, "batch_size": 4}
+SMALL = {"lr": 0.05, "local_steps": 2, "batch_size": 4, "fedavg_rounds": 1}  # PERM two-stage: FedAvg for round 0 only
 
 
 def config_algorithm(name: str, partial: bool = False, extra: Mapping[str, Any] | None = None) -> Built:
