@@ -135,6 +135,27 @@ def test_bad_data_messages_name_the_client() -> None:
         Simulation(alg, Federation("f", [Samples(x, torch.tensor([0, -1, 0, 1])), good], num_classes=2))
     with pytest.raises(FedriskError, match=r"the test set: label 5 is out of range"):
         Simulation(alg, Federation("f", [good], num_classes=2, test=Samples(x, torch.tensor([0, 5, 0, 1]))))
+    # the boundary: label num_classes is out of range
+    with pytest.raises(FedriskError, match=r"client 0 \(training data\): label 2 is out of range"):
+        Simulation(alg, Federation("f", [Samples(x, torch.tensor([0, 2, 0, 1]))], num_classes=2))
+    # rows counted, not entries: two bad entries in row 0, one in row 3
+    rows = x.clone()
+    rows[0, :2], rows[3, 1] = float("inf"), float("nan")
+    with pytest.raises(FedriskError, match=r"client 0 \(training data\): 2 of 4 rows have NaN/inf features"):
+        Simulation(alg, Federation("f", [Samples(rows, good.y)], num_classes=2))
+    # client test splits are checked too
+    bad_split = Samples(x, torch.tensor([0, 1, 3, 1]))
+    with pytest.raises(FedriskError, match=r"client 1 \(test split\): label 3 is out of range"):
+        Simulation(alg, Federation("f", [good, good], num_classes=2, client_tests=[good, bad_split]))
+
+
+def test_regression_targets_must_be_finite() -> None:
+    from fedrisk.data.validate import check_samples
+
+    x = torch.zeros(3, 2)
+    check_samples(Samples(x, torch.tensor([0.5, -1.0, 2.0])), 0, "client 0")
+    with pytest.raises(FedriskError, match=r"client 0: NaN/inf targets; allowed: finite numbers"):
+        check_samples(Samples(x, torch.tensor([0.5, float("nan"), 2.0])), 0, "client 0")
 
 
 def test_negative_idx_dimension_is_refused(tmp_path: Path) -> None:

@@ -154,3 +154,14 @@ def test_cli_doctest(capsys):
 
     result = doctest.testmod(fedrisk.cli, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in DOCS.glob("*.md")))
+def test_printed_claims_are_portable(page):
+    """A "Prints `...`" claim that the docs tests check must not depend on the CPU: no float with
+    more than 6 significant digits (the last bits of a sum differ between CPUs and thread counts)."""
+    text = (DOCS / page).read_text()
+    for claim in re.findall(r"[Pp]rints `([^`]*)`", text):
+        for number in re.findall(r"\d+\.\d+(?:e-?\d+)?", claim):
+            digits = number.split("e")[0].replace(".", "").lstrip("0")
+            assert len(digits) <= 6, f"{page}: {claim!r} promises {number}; round it (see docs/reliability.md)"

@@ -12,6 +12,7 @@ the all-reduce sums in another order).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,7 @@ import pytest
 
 from fedrisk.cli import main
 from fedrisk.experiment import RunDir, resolve_config, run_experiment
+from fedrisk.experiment.runner import load_checkpoint
 from fedrisk.runtime.distributed import free_port
 
 from .conftest import records, without_time, write_config
@@ -118,12 +120,13 @@ def test_sigterm_to_one_rank_stops_all_after_one_round_then_resume(tmp_path, tin
     os.kill(victim, signal.SIGTERM)
     code, err = _finish(proc, timeout=120)
     assert code != 0, err[-2000:]
-    assert "SIGTERM received: stopped after round" in err, err[-3000:]
+    # the run stops after a completed round with its checkpoint (rank 0 learns of the signal through
+    # any_rank, or from torchrun, which forwards SIGTERM to the other workers once one has exited)
+    stop = re.search(r"SIGTERM received: stopped after round (\d+); checkpoint written", err)
+    assert stop is not None, err[-3000:]
     assert "src/fedrisk" not in err, err[-3000:]  # no traceback through fedrisk (torchrun prints its own)
-    assert err.count("exitcode  : 143") == 2  # both ranks stopped on the signal, after the same round
     assert RunDir(out).status() == "checkpointed"
-    stopped = len(records(out))
-    assert stopped < 15  # stopped part-way, after a completed (and checkpointed) round
+    assert load_checkpoint(out / "checkpoint.pt")["round"] == int(stop.group(1)) < 30  # stopped part-way
     code, err = _finish(_torchrun(2, config, out, "--resume"), timeout=300)
     assert code == 0, err[-3000:]
     _check_resumed(tiny, tmp_path, out)

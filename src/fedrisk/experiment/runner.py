@@ -24,6 +24,9 @@ resumed end with identical metrics.  Checkpoints are written after a round once
 rounds if set, at the end, and on SIGINT / SIGTERM: the handler only sets a flag, the current round
 (and its evaluation, if one is due) finishes, the checkpoint is written and the run stops with
 :class:`RunInterrupted` (exit code 130 / 143 from the CLI).  A second SIGINT stops at once.
+Checkpoint files carry a SHA-256 manifest, the previous one is kept as ``checkpoint.pt.prev``
+and they are read without running code (:mod:`fedrisk.experiment.checkpoint`): a damaged newest
+file falls back to the previous one with a warning, so ``kill -9`` at any moment is safe.
 
 Example:
     >>> import tempfile
