@@ -300,7 +300,8 @@ class ClientRNG:
         ``2 * m >= n`` the first ``m`` of epoch ``q``'s permutation, for ``2 * m < n`` the first
         ``m`` distinct values of a stream of uniform draws (:func:`_distinct_draws`).  Both paths
         cost O(``total``), never O(``n``) beyond it: a batch of 32 from 33,333 rows computes
-        about 80 words, not a permutation of 33,333.  A client's result does not depend on
+        72 random words (more only if they hold fewer than 32 distinct rows), not a
+        permutation of 33,333.  A client's result does not depend on
         the other clients of its block.
         """
         if self._scalar and type(n) is int and 0 < 2 * total < n < 2**32:  # one client, a batch of a large one
