@@ -32,9 +32,15 @@ def main(folder: str, out: str) -> None:
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
         runs[m["setup"]][(m["alg"], int(m["window"]))] = rows
     setups = sorted(runs)
-    fig, axes = plt.subplots(1, len(setups), figsize=(5 * len(setups), 3.8), squeeze=False)
+    if not setups:
+        raise SystemExit(f"no runs named <setup>_<codaplus|codasca>_I<window> with a summary.json in {folder}")
+    cols = min(3, len(setups))
+    rows = -(-len(setups) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.8 * rows), squeeze=False)
+    for ax in axes.flat[len(setups) :]:
+        ax.set_visible(False)
     print("| set-up | I | CODA+ | CODASCA |\n|---|---:|---:|---:|")
-    for ax, setup in zip(axes[0], setups):
+    for ax, setup in zip(axes.flat, setups):
         windows = sorted({w for _, w in runs[setup]})
         colours = {w: f"C{i}" for i, w in enumerate(windows)}
         for (alg, w), rows in sorted(runs[setup].items()):

@@ -74,8 +74,9 @@ initialised as in the code (``a = b = α = 0``).  :meth:`CODAPlus.global_params`
 
 Communication per round (the ledger's bytes): CODA+ sends ``(v, α)`` down and up; CODASCA also
 ``(c_v, c_α)`` both ways, i.e. twice the bytes (pitfall P16); its last window of a stage uploads
-no ``c^k`` when the control variates restart.  With ``stage_output`` using the average, the last
-window of a stage also uploads the iterate sums (once per stage).  CODA's dual-reset round
+no ``c^k`` when the control variates restart.  With ``stage_output = "average"`` or
+``"last_global_average_ref"`` the last window of a stage also uploads the iterate sums (once per
+stage); ``"last_local_average_ref"`` keeps them on the client.  CODA's dual-reset round
 sends the model down and four scalars up.
 
 Reusing the primal-dual core for another (v, α) game
