@@ -6,7 +6,7 @@
     python benchmarks/minimax_figures.py ncsc runs/minimax_ncsc_fig4_small docs/results/img/minimax_ncsc_fig4.png
 
 ``wgan``: for every λ and algorithm, the (local lr, global lr) with the lowest mean final
-``generator_error`` over seeds is kept (the paper's "best tuned"); curves are the mean ± std over
+``generator_error`` over seeds is kept (the paper's "best tuned"); curves are the mean (band: min-max) over
 seeds against iterations (SAGDA's two rounds per iteration halved).  ``fair``: mean ± std of
 ``test_accuracy`` and ``test_worst_class_accuracy`` against rounds for every configuration.
 Prints a Markdown table.
@@ -46,6 +46,12 @@ def series(runs: list, key: str, halve: bool = False) -> tuple[list[float], list
     return xs, mean, std
 
 
+def band(runs: list, key: str) -> tuple[list[float], list[float]]:
+    common = sorted(set.intersection(*({r["round"] for r in run.records if key in r} for run in runs)))
+    vals = [[next(r[key] for r in run.records if r["round"] == t) for run in runs] for t in common]
+    return [min(v) for v in vals], [max(v) for v in vals]
+
+
 def fmt(values: list[float], spec: str = ".2e", spec_std: str = ".1e") -> str:
     m = sum(values) / len(values)
     s = math.sqrt(sum((x - m) ** 2 for x in values) / max(len(values) - 1, 1))
@@ -64,7 +70,8 @@ def wgan(root: Path, png: Path) -> None:
         alg, lam = m.group(1), float(m.group(2))
         final = [run.records[-1]["generator_error"] for run in runs]
         score = sum(final) / len(final)
-        score = score if math.isfinite(score) else math.inf
+        diverged = any(run.summary.get("status") != "finished" for run in runs)  # stopped on NaN/inf
+        score = math.inf if diverged or not math.isfinite(score) else score
         if (lam, alg) not in best or score < best[(lam, alg)][0]:
             best[(lam, alg)] = (score, f"lr {m.group(3)}, η_g {m.group(4)}", runs)
     lams = sorted({k[0] for k in best})
@@ -77,10 +84,10 @@ def wgan(root: Path, png: Path) -> None:
                 continue
             _, hyper, runs = best[(lam, alg)]
             halve = alg == "sagda"
-            xs, mean, std = series(runs, "generator_error", halve)
+            xs, mean, _ = series(runs, "generator_error", halve)
+            lo, hi = band(runs, "generator_error")
             ax.plot(xs, mean, label=alg)
-            ax.fill_between(xs, [max(m - s, 1e-32) for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                            alpha=0.2)
+            ax.fill_between(xs, lo, hi, alpha=0.2)  # min-max over seeds (a ± std band is meaningless on a log axis)
 
             def at(t: int, runs=runs, halve=halve) -> str:
                 want = 2 * t if halve else t
@@ -90,6 +97,7 @@ def wgan(root: Path, png: Path) -> None:
             final = [run.records[-1]["generator_error"] for run in runs]
             print(f"| {lam} | {alg} | {hyper} | {len(runs)} | {at(100)} | {at(200)} | {fmt(final)} |")
         ax.set_yscale("log")
+        ax.set_ylim(1e-14, 10)
         ax.set_title(f"λ = {lam}")
         ax.set_xlabel("iteration (round; SAGDA: round / 2)")
         ax.set_ylabel("(μ − 0)² + (σ − 0.1)²")

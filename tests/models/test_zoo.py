@@ -24,6 +24,7 @@ CIFAR = (3, 32, 32)
 FLAT = (20,)
 ALL_MODELS = ["cnn", "logreg", "mlp", "resnet20"]
 IMAGE_MODELS = ["cnn", "resnet20"]
+GAME_MODELS = ["affine_generator", "vector"]  # fedrisk.models.games: parameter containers of synthetic games
 
 
 def conv_params(c_in: int, c_out: int, k: int = 3) -> int:
@@ -35,7 +36,7 @@ def fc_params(n_in: int, n_out: int) -> int:
 
 
 def test_registry_names_and_descriptions() -> None:
-    assert MODELS.names() == ALL_MODELS
+    assert MODELS.names() == sorted(ALL_MODELS + GAME_MODELS)
     assert all(entry.description for entry in MODELS.entries())
 
 

@@ -33,10 +33,13 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
+from torch.nn import functional as F
 
 from fedrisk.errors import FedriskError, check_range, unknown_name
 
@@ -44,11 +47,13 @@ __all__ = [
     "DUAL_SETS",
     "group_losses",
     "make_projection",
+    "per_sample_cross_entropy",
     "project_ball",
     "project_box",
     "project_simplex",
     "quadratic_game",
     "quadratic_grad_phi",
+    "quadratic_matrix",
     "weighted_group_loss",
     "wgan_affine_directions",
     "wgan_objective",
@@ -268,3 +273,31 @@ def quadratic_grad_phi(x: Tensor, a: Tensor, b: Tensor, curvature: float, mu: fl
         [0.5, 0.5]
     """
     return -curvature * torch.sin(x) + a.T @ (a @ x + b) / mu
+
+
+def per_sample_cross_entropy(outputs: Tensor, labels: Tensor) -> Tensor:
+    """Cross-entropy per row: softmax on ``[B, C]`` logits, binary (logit) on ``[B]`` / ``[B, 1]``.
+
+    Example:
+        >>> import torch
+        >>> [round(v, 4) for v in per_sample_cross_entropy(torch.zeros(2, 4), torch.tensor([0, 3])).tolist()]
+        [1.3863, 1.3863]
+        >>> [round(v, 4) for v in per_sample_cross_entropy(torch.tensor([0.0, 2.0]), torch.tensor([1, 1])).tolist()]
+        [0.6931, 0.1269]
+    """
+    if outputs.dim() == 1 or outputs.shape[-1] == 1:
+        s = outputs.reshape(-1)
+        return F.softplus(s) - labels.reshape(-1).to(s.dtype) * s
+    return torch.logsumexp(outputs, -1) - outputs.gather(-1, labels.long()[:, None])[:, 0]
+
+
+@functools.lru_cache(maxsize=16)
+def quadratic_matrix(seed: int, rows: int, cols: int, dtype: torch.dtype = torch.float64) -> Tensor:
+    """The coupling ``A ∈ R^{rows × cols}`` of the quadratic game: ``N(0, 1/cols)`` entries, seeded.
+
+    Example:
+        >>> quadratic_matrix(0, 3, 2).shape
+        torch.Size([3, 2])
+    """
+    g = torch.Generator().manual_seed(int(seed))
+    return (torch.randn(rows, cols, generator=g, dtype=torch.float64) / math.sqrt(cols)).to(dtype)

@@ -98,7 +98,7 @@ def check_reply(client: int, round: int, reply: Any, on_failure: str) -> str | N
         return None
     reason = (
         f"client {client} replied with NaN/inf values in round {round} (reply or new client state; "
-        f"non-finite: {', '.join(nonfinite_paths(reply)) or '?'})"
+        f"first non-finite leaf: {(nonfinite_paths(reply, limit=1) or ['?'])[0]})"
     )
     if on_failure == "raise":
         raise ClientFailure(reason + " (set on_client_failure='skip' to drop such replies)")
