@@ -307,3 +307,14 @@ def test_frpg_from_a_config_with_an_attack() -> None:
     sim.step()
     with pytest.raises(FedriskError, match="mu"):
         resolve_config({**raw, "algorithm": {"name": "frpg", "mu": 0.0}})
+
+
+def test_robust_sgd_with_bucketing_is_executor_independent() -> None:
+    from fedrisk.aggregators import CoordinateMedian
+
+    def make() -> RobustSGD:
+        return RobustSGD(model=model(), loss=cross_entropy, lr=1.0, aggregator=CoordinateMedian(pre="bucketing"))
+
+    a = _run(make(), GaussianAttack(1e4), [7], rounds=4)
+    b = _run(make(), GaussianAttack(1e4), [7], rounds=4, executor="vectorized")
+    assert torch.allclose(tree_flatten_vector(a.server_state["w"]), tree_flatten_vector(b.server_state["w"]), atol=1e-12)
