@@ -317,4 +317,5 @@ def test_robust_sgd_with_bucketing_is_executor_independent() -> None:
 
     a = _run(make(), GaussianAttack(1e4), [7], rounds=4)
     b = _run(make(), GaussianAttack(1e4), [7], rounds=4, executor="vectorized")
-    assert torch.allclose(tree_flatten_vector(a.server_state["w"]), tree_flatten_vector(b.server_state["w"]), atol=1e-12)
+    wa, wb = tree_flatten_vector(a.server_state["w"]), tree_flatten_vector(b.server_state["w"])
+    assert torch.allclose(wa, wb, atol=1e-12)
