@@ -268,3 +268,12 @@ def test_robust_aggregator_from_a_config() -> None:
 
         bad = {"name": "robust_sgd", "aggregator": {"name": "krum", "f": -2}}
         build_simulation(resolve_config({**base, "algorithm": bad}))
+
+
+def test_bucketing_uses_the_callers_generator() -> None:
+    r = InMemoryReplies({k: {"w": torch.tensor([float(k) ** 2])} for k in range(6)})
+    agg = AGGREGATORS.get("median")(pre="bucketing", bucket_size=2)
+    fixed = [agg(r, "w").item() for _ in range(3)]
+    assert len(set(fixed)) == 1  # no generator: the same buckets every call
+    drawn = {agg(r, "w", gen=torch.Generator().manual_seed(s)).item() for s in range(20)}
+    assert len(drawn) > 1

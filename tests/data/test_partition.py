@@ -11,6 +11,7 @@ from fedrisk.data.partition import (
     by_attribute,
     by_sizes,
     class_disjoint,
+    class_groups,
     dirichlet,
     iid,
     k_classes,
@@ -31,6 +32,7 @@ CASES = {
     "class_disjoint": lambda y, s: class_disjoint(y, 4, seed=s),
     "by_attribute": lambda y, s: by_attribute(y, 20, seed=s),
     "by_sizes": lambda y, s: by_sizes(y, [50, 30, 20], seed=s),
+    "class_groups": lambda y, s: class_groups(y, 20, classes_per_group=2, seed=s),
 }
 FULL_COVERAGE = {"iid", "dirichlet", "shards", "k_classes", "class_disjoint", "by_attribute"}
 
@@ -251,3 +253,16 @@ def test_class_disjoint_subdivide_gives_more_clients_than_classes() -> None:
         class_disjoint(labels, 8, seed=3, groups=groups)
     with pytest.raises(FedriskError, match="subdivide = 0"):
         class_disjoint(labels, 4, groups=groups, subdivide=0)
+
+
+def test_class_groups_pairs_per_class_reading_h1_and_h2() -> None:
+    h1 = class_groups(LABELS, 20, seed=0)
+    assert [sorted({int(LABELS[i]) for i in p}) for p in h1] == [[k // 2] for k in range(20)]
+    assert [len(p) for p in h1] == [20] * 20  # each class of 40 split evenly over its pair
+    h2 = class_groups(LABELS, 20, classes_per_group=5, seed=0)
+    assert [sorted({int(LABELS[i]) for i in p}) for p in h2][:2] == [[0, 1, 2, 3, 4]] * 2
+    assert [sorted({int(LABELS[i]) for i in p}) for p in h2][18] == [0, 1, 2, 3, 9]
+    with pytest.raises(FedriskError, match="multiple of the number of classes"):
+        class_groups(LABELS, 15)
+    with pytest.raises(FedriskError, match="classes_per_group"):
+        class_groups(LABELS, 20, classes_per_group=11)

@@ -284,8 +284,9 @@ class RobustAggregator(Aggregator):
             ``bucket_size`` replies, Karimireddy et al. 2022) or ``"nnm"`` (nearest-neighbour
             mixing, Allouah et al. 2023; uses the rule's ``f``).
         bucket_size: replies per bucket for ``pre = "bucketing"``.
-        seed: seed of the bucketing permutation (combined with the round's aggregate generator
-            when the algorithm hands one over; otherwise fixed).
+        seed: seed of the bucketing permutation when the caller hands over no generator
+            (``robust_sgd`` passes the round's aggregation generator, so the buckets change every
+            round; other callers get the same permutation every round).
     """
 
     kind = "gather"
@@ -332,19 +333,21 @@ class RobustAggregator(Aggregator):
                 raise FedriskError(f"{self.name}: every reply contains NaN/inf; nothing left to aggregate")
         return x, trees[0]
 
-    def aggregate_rows(self, x: Tensor) -> Tensor:
+    def aggregate_rows(self, x: Tensor, gen: torch.Generator | None = None) -> Tensor:
         """Pre-aggregation (if any) followed by the rule."""
         from fedrisk.aggregators.preaggregation import bucketing, nearest_neighbor_mixing
 
         if self.pre == "bucketing":
-            x = bucketing(x, self.bucket_size, torch.Generator().manual_seed(self.seed))
+            x = bucketing(x, self.bucket_size, gen if gen is not None else torch.Generator().manual_seed(self.seed))
         elif self.pre == "nnm":
             x = nearest_neighbor_mixing(x, int(self.options().get("f", 0)))
         return type(self).rule(x, **self.options())
 
-    def __call__(self, replies: Replies, key: str, weights: Mapping[int, float] | None = None) -> Tree:
+    def __call__(
+        self, replies: Replies, key: str, weights: Mapping[int, float] | None = None, gen: torch.Generator | None = None
+    ) -> Tree:
         x, like = self.rows(replies, key)
-        return tree_unflatten_vector(self.aggregate_rows(x), like)
+        return tree_unflatten_vector(self.aggregate_rows(x, gen), like)
 
 
 class CoordinateMedian(RobustAggregator):
