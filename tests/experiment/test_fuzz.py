@@ -155,16 +155,16 @@ def test_cli_config_files_never_traceback(tmp_path_factory: pytest.TempPathFacto
     [
         (
             {"data": {"dataset": "digits"}, "algorithm": {"name": "os.system"}},
-            r"os\.system.*valid choices: centralized",
+            r"os\.system.*valid choices: .*centralized",
         ),
-        ({"data": {"dataset": "builtins.eval"}}, r"builtins\.eval.*(?i:valid choices): adult"),
+        ({"data": {"dataset": "builtins.eval"}}, r"builtins\.eval.*(?i:valid choices): .*adult"),
         (
             {"data": {"dataset": "digits"}, "model": {"name": "torch.nn.Linear"}},
-            r"torch\.nn\.Linear.*(?i:valid choices): cnn",
+            r"torch\.nn\.Linear.*(?i:valid choices): .*cnn",
         ),
         (
             {"data": {"dataset": "digits"}, "algorithm": {"name": "fedavg", "aggregator": "subprocess.Popen"}},
-            r"subprocess\.Popen.*(?i:valid choices): mean",
+            r"subprocess\.Popen.*(?i:valid choices): .*mean",
         ),
     ],
 )

@@ -31,7 +31,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from statistics import NormalDist
 from typing import Any
 
@@ -271,14 +271,3 @@ class LabelFlipAttack(Attack):
             for k, s in enumerate(federation.clients)
         ]
         return dataclasses.replace(federation, clients=clients)
-
-
-ATTACK_CLASSES: dict[str, tuple[Callable[..., Attack], str]] = {
-    "gaussian": (GaussianAttack, "scale * N(0, I) replies, redrawn every round"),
-    "sign_flip": (SignFlipAttack, "-scale x the client's own reply"),
-    "alie": (ALIE, "a little is enough: honest mean - z x honest std (omniscient)"),
-    "ipm": (IPM, "inner-product manipulation: -epsilon x honest mean (omniscient)"),
-    "zero": (ZeroAttack, "all-zero replies"),
-    "same_value": (SameValueAttack, "replies with every entry equal to value"),
-    "label_flip": (LabelFlipAttack, "data attack: labels y -> C - 1 - y on the Byzantine clients"),
-}
