@@ -101,7 +101,8 @@ def model(features: int = FEATURES, outputs: int = CLASSES) -> FunctionalModel:
 
 
 # -- every registered algorithm, built as a config would build it ---------------------------
-SMALL = {"lr": 0.05, "local_steps": 2, "batch_size": 4, "fedavg_rounds": 1}  # PERM two-stage: FedAvg for round 0 only
+SMALL = {"lr": 0.05, "local_steps": 2, "batch_size": 4}
+SHORT_RUN = {"fedavg_rounds": 1}  # PERM two-stage: FedAvg in round 0 only, then personalise
 
 
 def config_algorithm(name: str, partial: bool = False, extra: Mapping[str, Any] | None = None) -> Built:
@@ -111,7 +112,7 @@ def config_algorithm(name: str, partial: bool = False, extra: Mapping[str, Any] 
     from fedrisk.experiment.runner import build_simulation
 
     hyper = algorithm_fields(ALGORITHMS.get(name)).hyper
-    algorithm = {"name": name, **{k: v for k, v in SMALL.items() if k in hyper}, **(extra or {})}
+    algorithm = {"name": name, **{k: v for k, v in {**SMALL, **SHORT_RUN}.items() if k in hyper}, **(extra or {})}
     if partial:
         algorithm["clients_per_round"] = 3
     # (data, model.num_outputs): multi-class; binarised with one output (AUC algorithms, which
