@@ -17,7 +17,8 @@ from fedrisk.algorithms.base import (
 from fedrisk.algorithms.codasca import CODA, CODASCA, NPA, CODAPlus
 from fedrisk.algorithms.fedavg import FedAvg, FedProx
 from fedrisk.algorithms.local_only import Centralized, LocalOnly, centralized
-from fedrisk.algorithms.perm import PERM, PERMHetero, PERMShuffling, PERMTwoStage
+from fedrisk.algorithms.perm import PERM, PERMShuffling, PERMTwoStage
+from fedrisk.algorithms.perm_hetero import PERMHetero
 from fedrisk.algorithms.personalized import APFL, Ditto, LocalizedFedAvg, PerFedAvg, PFedMe
 from fedrisk.algorithms.scaffold import Scaffold
 from fedrisk.registry import Registry
