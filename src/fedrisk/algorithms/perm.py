@@ -19,8 +19,8 @@ Pieces (spec 003 §§1-2):
 * :class:`PERMShuffling` — Alg. 1 (Shuffling Local SGD) with fixed weights (uniform, sample
   sizes, local); :class:`PERMTwoStage` — Alg. 3 (FedAvg with uniform averaging, weights at w^R)
   then Alg. 1; :class:`PERM` — the single-loop Alg. 2 (the paper's experimental method).
-* :class:`PERMHetero` — the heterogeneous-width extension (Sec. 3.3; see its docstring for what
-  is implemented, since the paper gives no mechanism).
+* :class:`~fedrisk.algorithms.perm_hetero.PERMHetero` (module ``perm_hetero``) — the
+  heterogeneous-width extension (Sec. 3.3; the paper gives no mechanism, see its docstring).
 
 Resolved choices (spec pitfalls P1-P15):
 
@@ -54,7 +54,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -485,13 +484,14 @@ class PERMTwoStage(PERM):
     Example:
         >>> from fedrisk.models import FunctionalModel, build_model
         >>> from fedrisk.objectives.supervised import cross_entropy
-        >>> PERMTwoStage(model=FunctionalModel(build_model("logreg", (4,), 2)), loss=cross_entropy).fedavg_rounds
-        20
+        >>> model = FunctionalModel(build_model("logreg", (4,), 2))
+        >>> PERMTwoStage(model=model, loss=cross_entropy, fedavg_rounds=20).round_kind({"round": torch.tensor(20)})
+        'estimate'
     """
 
     name: ClassVar[str] = "perm_two_stage"
 
-    fedavg_rounds: int = 20
+    fedavg_rounds: int = 2  # R; set it (the default keeps short runs - and the executor suites - past stage 1)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -535,145 +535,3 @@ class PERMTwoStage(PERM):
             return ClientResult({"params": params}, state, {"global_loss": loss})
         return super().client_other(ctx, payload, state, data, draws)
 
-
-# ----------------------------------------------------------------------------- Sec. 3.3: widths
-
-
-def _units(size: int, ratio: float) -> int:
-    return max(1, math.ceil(ratio * size - 1e-9))
-
-
-def width_mask(params: Tree, ratio: float) -> dict[str, Tensor]:
-    """0/1 masks of the width-``ratio`` sub-model of a stack of linear layers (an MLP): the
-    first ``ceil(ratio * h)`` units of every hidden layer (HeteroFL's static sub-model; the
-    input and output layers keep their sizes).
-
-    Example:
-        >>> p = {"l0.weight": torch.ones(4, 3), "l0.bias": torch.ones(4), "l1.weight": torch.ones(2, 4)}
-        >>> m = width_mask(p, 0.5)
-        >>> m["l0.weight"].sum(1).tolist(), m["l0.bias"].tolist(), m["l1.weight"].sum(0).tolist()
-        ([3.0, 3.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0], [2.0, 2.0, 0.0, 0.0])
-    """
-    if not 0.0 < ratio <= 1.0:
-        raise FedriskError(f"width {ratio!r} cannot be served: widths are fractions of the hidden layers in (0, 1]")
-    if not isinstance(params, dict):
-        raise FedriskError("heterogeneous widths need a model whose parameters are a flat dict (model = 'mlp')")
-    weights = [k for k, v in params.items() if isinstance(v, Tensor) and v.dim() == 2]
-    if len(weights) < 2 or len(weights) + sum(k.endswith("bias") for k in params) != len(params):
-        raise FedriskError(
-            "heterogeneous widths cannot be served by this model: they need a stack of linear layers with at least "
-            f"one hidden layer (model = 'mlp' with hidden = [...]); got parameters {list(params)}"
-        )
-    masks: dict[str, Tensor] = {}
-    for layer, key in enumerate(weights):
-        out_dim, in_dim = params[key].shape
-        rows = out_dim if layer == len(weights) - 1 else _units(out_dim, ratio)
-        cols = in_dim if layer == 0 else _units(in_dim, ratio)
-        m = torch.zeros_like(params[key])
-        m[:rows, :cols] = 1.0
-        masks[key] = m
-        bias = key[: -len("weight")] + "bias"
-        if bias in params:
-            masks[bias] = (torch.arange(out_dim) < rows).to(params[bias].dtype)
-    if set(masks) != set(params):
-        unknown = sorted(set(params) - set(masks))
-        raise FedriskError(f"heterogeneous widths: cannot tell which layer {unknown} belong to")
-    return masks
-
-
-def _masked(tree: Tree, mask: Tree) -> Tree:
-    return tree_map(lambda x, m: x * m, tree, mask)
-
-
-@dataclass(frozen=True)
-class PERMHetero(PERM):
-    """Single-loop PERM with clients of different model widths (the paper's Sec. 3.3 case, which
-    it leaves unspecified; spec §2.9 / P15).  What is implemented:
-
-    * client k's model v_k is an MLP whose hidden layers have ``widths[k % len(widths)]`` of the
-      global model's units (HeteroFL's static sub-models, kept at full size with the other units
-      at zero, so every payload has one shape);
-    * v_k travels through the shuffle schedule like any PERM model; a host j trains it on its own
-      data, but only the units both can hold (``mask_k * mask_j``: a weak host trains the
-      sub-model of its own width, partial training; the rest of v_k is left as it is);
-    * weights (Sec. 3.3): every client uploads its gradient at its own sub-model ``m_k * w`` of
-      the global model, restricted to ``m_k``; ``D_ij = ||g_i - g_j||^2`` and the closed form of
-      eq. (2) (the VC-dimension term of Sec. 3.3 is left out);
-    * the global model's step averages each coordinate over the clients that hold it (HeteroFL).
-
-    ``widths`` must lie in (0, 1] and the model must be an MLP with at least one hidden layer,
-    else a FedriskError says why the widths cannot be served.
-
-    Example:
-        >>> from fedrisk.models import FunctionalModel, build_model
-        >>> from fedrisk.objectives.supervised import cross_entropy
-        >>> PERMHetero(model=FunctionalModel(build_model("mlp", (4,), 2)), loss=cross_entropy, widths=(1.0, 1.5))
-        Traceback (most recent call last):
-        ...
-        fedrisk.errors.FedriskError: width 1.5 cannot be served: widths are fractions of the hidden layers in (0, 1]
-    """
-
-    name: ClassVar[str] = "perm_hetero"
-
-    widths: tuple[float, ...] = (1.0, 0.5)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.widths:
-            raise FedriskError("widths must name at least one width in (0, 1]")
-        width_mask(self.init_params(torch.Generator().manual_seed(0)), 1.0)  # the model can be masked at all
-        for r in self.widths:
-            width_mask(self.init_params(torch.Generator().manual_seed(0)), r)
-
-    def width(self, client: int) -> float:
-        return self.widths[client % len(self.widths)]
-
-    def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
-        state = super().init_server(ctx, params, gen)
-        masks = [width_mask(params, self.width(k)) for k in range(ctx.fed.num_clients)]
-        state["masks"] = tree_stack(masks)
-        state["v"] = tree_stack([_masked(params, m) for m in masks])
-        return state
-
-    def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
-        clients = list(range(ctx.fed.num_clients))
-        masks = server_state["masks"]
-        if self.round_kind(server_state) == "estimate":
-            w = server_state["w"]
-            per_client = {k: {"params": _masked(w, _row(masks, k)), "mask": _row(masks, k)} for k in clients}
-            return RoundPlan(clients, per_client=per_client, kind="estimate")
-        owner = hosted_owners(server_state["sigma"], int(server_state["j"]))
-        alpha, v = server_state["alpha"], server_state["v"]
-        per_client = {
-            k: {"params": _row(v, i), "alpha": alpha[i, k], "mask": tree_map(lambda m, i=i, k=k: m[i] * m[k], masks)}
-            for k, i in zip(clients, owner.tolist())
-        }
-        return RoundPlan(clients, per_client=per_client, kind="shuffle")
-
-    def aggregate_other(self, ctx: RoundContext, state: dict, replies: Replies, gen: torch.Generator) -> Tree:
-        g = _gradient_matrix(replies, "grad_full")
-        r = int(state["round"]) - 1
-        if r > 0 and r >= self.warmup_rounds:
-            alpha = mixing_weights(squared_distances(g), ctx.fed.client_sizes, self.lam)
-            state["alpha"] = alpha.to(state["alpha"].dtype)
-        total = replies.sum("grad" if self.global_batch is not None else "grad_full")
-        holders = tree_map(lambda m: m.sum(0).clamp_min(1.0), state["masks"])  # clients holding each coordinate
-        state["w"] = tree_map(lambda p, s, c: p - self.global_lr * s / c, state["w"], total, holders)
-        state["j"] = torch.tensor(0, dtype=torch.int64)
-        return state
-
-    def client_update(
-        self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
-    ) -> ClientResult:
-        mask = payload["mask"]
-        if ctx.kind != "shuffle":
-            out = _estimate_gradients(self, payload["params"], data, draws)
-            reply = {k: _masked(g, mask) for k, g in out["reply"].items()}
-            return ClientResult(reply, state, {"global_loss": out["loss"]})
-        N = ctx.fed.num_clients
-        step = (self.lr / N) * N * payload["alpha"]
-        objective = supervised_objective(self.model.apply, self.loss)
-        params, loss = sgd_steps(
-            objective, payload["params"], data, draws["batches"], step, lambda p, g: _masked(g, mask)
-        )
-        return ClientResult({"params": params}, state, {"loss": loss})
