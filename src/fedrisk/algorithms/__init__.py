@@ -21,7 +21,7 @@ from fedrisk.algorithms.fessgda import FESSGDA, FESSGDARegularized
 from fedrisk.algorithms.frpg import FRPG, LFRPG, RSA, RobustSGD
 from fedrisk.algorithms.local_only import Centralized, LocalOnly, centralized
 from fedrisk.algorithms.local_pair import CentralizedPair, LocalPair
-from fedrisk.algorithms.perm import PERM, PERMHetero, PERMShuffling, PERMTwoStage
+from fedrisk.algorithms.perm import PERM, PERMShuffling, PERMTwoStage
 from fedrisk.algorithms.perm_hetero import PERMHetero
 from fedrisk.algorithms.personalized import APFL, Ditto, LocalizedFedAvg, PerFedAvg, PFedMe
 from fedrisk.algorithms.scaffold import Scaffold

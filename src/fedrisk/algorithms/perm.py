@@ -384,6 +384,25 @@ def _gradient_matrix(replies: Replies, key: str) -> Tensor:
     return torch.stack([tree_flatten_vector(g) for g in replies.gather(key)])
 
 
+def weights_from_replies(previous: Tensor, replies: Replies, sizes: Sequence[int], lam: float, key: str) -> Tensor:
+    """Eq. (2)'s mixing weights from the gradients in ``replies``.
+
+    When every client replied this is ``mixing_weights(D, n, lam)``.  When some did not (a
+    failed or dropped client under ``on_client_failure = "skip"``), the weights are solved among
+    the repliers only: a replier's row puts no weight on an absent client (whose gradient is
+    unknown), and an absent client keeps its previous row.
+    """
+    ids = list(replies.clients)
+    sub = mixing_weights(squared_distances(_gradient_matrix(replies, key)), [sizes[i] for i in ids], lam)
+    if len(ids) == previous.shape[0]:
+        return sub.to(previous.dtype)
+    alpha = previous.clone()
+    index = torch.tensor(ids, dtype=torch.long)
+    alpha[index] = 0.0
+    alpha[index.unsqueeze(1), index] = sub.to(alpha.dtype)
+    return alpha
+
+
 @dataclass(frozen=True)
 class PERM(PERMShuffling):
     """Single-loop PERM (Alg. 2), the paper's experimental method.
@@ -446,11 +465,9 @@ class PERM(PERMShuffling):
 
     def aggregate_other(self, ctx: RoundContext, state: dict, replies: Replies, gen: torch.Generator) -> Tree:
         w = state["w"]
-        g = _gradient_matrix(replies, "grad_full")
         r = int(state["round"]) - 1  # this round's index
         if r > 0 and r >= self.warmup_rounds:  # alpha^0 = uniform (Alg. 2), and uniform during warm-up
-            alpha = mixing_weights(squared_distances(g), ctx.fed.client_sizes, self.lam)
-            state["alpha"] = alpha.to(state["alpha"].dtype)
+            state["alpha"] = weights_from_replies(state["alpha"], replies, ctx.fed.client_sizes, self.lam, "grad_full")
         step = replies.mean("grad" if self.global_batch is not None else "grad_full")
         state["w"] = tree_map(lambda p, d: p - self.global_lr * d, w, step)
         state["j"] = torch.tensor(0, dtype=torch.int64)
@@ -515,8 +532,7 @@ class PERMTwoStage(PERM):
         if ctx.kind == "fedavg":
             state["w"] = replies.mean("params")  # uniform averaging (Alg. 3)
             return state
-        g = _gradient_matrix(replies, "grad_full")
-        state["alpha"] = mixing_weights(squared_distances(g), ctx.fed.client_sizes, self.lam).to(state["alpha"].dtype)
+        state["alpha"] = weights_from_replies(state["alpha"], replies, ctx.fed.client_sizes, self.lam, "grad_full")
         state["v"] = tree_stack([state["w"]] * ctx.fed.num_clients)
         state["j"] = torch.tensor(0, dtype=torch.int64)
         return state

@@ -27,11 +27,9 @@ from fedrisk.algorithms.local import sgd_steps, supervised_objective
 from fedrisk.algorithms.perm import (
     PERM,
     _estimate_gradients,
-    _gradient_matrix,
     _row,
     hosted_owners,
-    mixing_weights,
-    squared_distances,
+    weights_from_replies,
 )
 from fedrisk.errors import FedriskError
 from fedrisk.tree import Tree, tree_map, tree_stack
@@ -149,11 +147,9 @@ class PERMHetero(PERM):
         return RoundPlan(clients, per_client=per_client, kind="shuffle")
 
     def aggregate_other(self, ctx: RoundContext, state: dict, replies: Replies, gen: torch.Generator) -> Tree:
-        g = _gradient_matrix(replies, "grad_full")
         r = int(state["round"]) - 1
         if r > 0 and r >= self.warmup_rounds:
-            alpha = mixing_weights(squared_distances(g), ctx.fed.client_sizes, self.lam)
-            state["alpha"] = alpha.to(state["alpha"].dtype)
+            state["alpha"] = weights_from_replies(state["alpha"], replies, ctx.fed.client_sizes, self.lam, "grad_full")
         total = replies.sum("grad" if self.global_batch is not None else "grad_full")
         holders = tree_map(lambda m: m.sum(0).clamp_min(1.0), state["masks"])  # clients holding each coordinate
         state["w"] = tree_map(lambda p, s, c: p - self.global_lr * s / c, state["w"], total, holders)
