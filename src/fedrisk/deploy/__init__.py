@@ -10,6 +10,13 @@ Flower's messages.  What exists so far:
 * :mod:`fedrisk.deploy.handshake`: the ``query.fedrisk_handshake`` exchange that maps Flower's
   random node ids to fedrisk client ids (the partition each SuperNode was started with) and
   checks that server and nodes run the same config.
+* :mod:`fedrisk.deploy.client`: the ClientApp's round (decode, ``draw``, ``client_update``,
+  encode), bit-identical to the sequential executor on loopback.
+* :mod:`fedrisk.deploy.state`: the node-local store that keeps each client's state across
+  SuperNode restarts (keyed by experiment fingerprint and client id).
+
+Not yet here: the Flower ServerApp / ClientApp objects and their main loops, ``fedrisk deploy`` and the loopback SuperLink test
+(issue 12).
 
 Nothing here imports ``flwr`` at import time; a function that needs it and does not find it
 raises a :class:`~fedrisk.errors.FedriskError` naming the extra.

@@ -85,14 +85,14 @@ def message_type(kind: str = "", base: str = "train") -> str:
     """Flower's message type for a round of ``kind``: ``base`` or ``base.<kind>``.
 
     Example:
-        >>> message_type(), message_type("estimation"), message_type("fedrisk_handshake", "query")
+        >>> message_type("train"), message_type("estimation"), message_type("fedrisk_handshake", "query")
         ('train', 'train.estimation', 'query.fedrisk_handshake')
     """
     if base not in MESSAGE_KINDS:
         raise FedriskError(f"message type {base!r} is not one of Flower's; allowed: {', '.join(MESSAGE_KINDS)}")
     if kind and not kind.replace("_", "").isalnum():
         raise FedriskError(f"round kind {kind!r} cannot name a Flower action; allowed: letters, digits and _")
-    return f"{base}.{kind}" if kind else base
+    return f"{base}.{kind}" if kind and kind != base else base
 
 
 def _leaf_path(spec: Any, index: int) -> str:
