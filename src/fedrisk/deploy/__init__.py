@@ -12,11 +12,14 @@ Flower's messages.  What exists so far:
   checks that server and nodes run the same config.
 * :mod:`fedrisk.deploy.client`: the ClientApp's round (decode, ``draw``, ``client_update``,
   encode), bit-identical to the sequential executor on loopback.
+* :mod:`fedrisk.deploy.server`: the server side of a round as an executor (one message per
+  selected client, replies checked with the failure policy); :class:`~fedrisk.deploy.server.LoopbackExecutor`
+  runs it in-process over the serialised bytes.
 * :mod:`fedrisk.deploy.state`: the node-local store that keeps each client's state across
   SuperNode restarts (keyed by experiment fingerprint and client id).
 
-Not yet here: the Flower ServerApp / ClientApp objects and their main loops, ``fedrisk deploy`` and the loopback SuperLink test
-(issue 12).
+Not yet here: the Flower ServerApp / ClientApp objects and their main loops, ``fedrisk deploy``
+and the loopback SuperLink test (issue 12).
 
 Nothing here imports ``flwr`` at import time; a function that needs it and does not find it
 raises a :class:`~fedrisk.errors.FedriskError` naming the extra.
