@@ -7,10 +7,12 @@ Flower ``RecordDict`` carries it:
 =====================  ===============  ==========================================================
 key                    record           holds
 =====================  ===============  ==========================================================
-``fedrisk.arrays``     ``ArrayRecord``  the tensor leaves, keys ``"0"``, ``"1"``, ... (leaf index)
+``fedrisk.arrays``     ``ArrayRecord``  the tensor leaves, packed: one flat array per dtype (key:
+                                        the dtype name, e.g. ``"float32"``)
 ``fedrisk.tree``       ``ConfigRecord`` ``spec``: the tree structure (``torch.utils._pytree``
                                         JSON), ``leaves``: the non-tensor leaves as JSON (``null``
-                                        where a tensor goes), ``tensors``: the tensor leaf indices
+                                        where a tensor goes), ``tensors``: the tensor leaf indices,
+                                        ``layout``: per tensor leaf its dtype, offset and shape
 ``fedrisk.meta``       ``ConfigRecord`` ``round``, ``client``, ``seed``, ``kind`` (the round kind),
                                         ``experiment`` (the config fingerprint)
 =====================  ===============  ==========================================================
@@ -37,6 +39,7 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,9 +116,10 @@ def encode(tree: Any, meta: Meta) -> Any:
     from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
     leaves, spec = pytree.tree_flatten(tree)
-    arrays: dict[str, Any] = {}
+    groups: dict[str, list[torch.Tensor]] = {}  # dtype name -> flattened tensors, packed into one array each
     plain: list[Any] = []
     tensors: list[int] = []
+    layout: list[list[Any]] = []  # per tensor leaf: [dtype name, offset, shape]
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, torch.Tensor):
             if leaf.dtype not in CARRIED_DTYPES:
@@ -124,7 +128,10 @@ def encode(tree: Any, meta: Meta) -> Any:
                     f"payload leaf {_leaf_path(spec, i)} has dtype {str(leaf.dtype).removeprefix('torch.')}, which "
                     f"Flower's ArrayRecord cannot carry; allowed: {allowed} (cast it, e.g. run.dtype = \"float32\")"
                 )
-            arrays[str(i)] = Array(leaf.detach().cpu().contiguous().numpy())
+            name = str(leaf.dtype).removeprefix("torch.")
+            group = groups.setdefault(name, [])
+            layout.append([name, sum(t.numel() for t in group), list(leaf.shape)])
+            group.append(leaf.detach().cpu().reshape(-1))
             plain.append(None)
             tensors.append(i)
         elif leaf is None or isinstance(leaf, (bool, int, float, str)):
@@ -134,10 +141,17 @@ def encode(tree: Any, meta: Meta) -> Any:
                 f"payload leaf {_leaf_path(spec, i)} is a {type(leaf).__name__}; allowed: tensors, numbers, "
                 "strings, booleans and None"
             )
+    arrays = {name: Array(torch.cat(group).numpy()) for name, group in groups.items()}
+    tree_record = {
+        "spec": pytree.treespec_dumps(spec),
+        "leaves": json.dumps(plain),
+        "tensors": tensors,
+        "layout": json.dumps(layout),
+    }
     return RecordDict(
         {
             ARRAYS: ArrayRecord(arrays),
-            TREE: ConfigRecord({"spec": pytree.treespec_dumps(spec), "leaves": json.dumps(plain), "tensors": tensors}),
+            TREE: ConfigRecord(tree_record),
             META: ConfigRecord(
                 {
                     "round": meta.round,
@@ -163,8 +177,10 @@ def decode(content: Any) -> tuple[Any, Meta]:
     arrays, tree, m = content[ARRAYS], content[TREE], content[META]
     spec = pytree.treespec_loads(tree["spec"])
     leaves = json.loads(tree["leaves"])
-    for i in list(tree["tensors"]):
-        leaves[i] = torch.from_numpy(arrays[str(i)].numpy().copy())
+    packed = {name: torch.from_numpy(arrays[name].numpy().copy()) for name in arrays}
+    for i, (name, offset, shape) in zip(list(tree["tensors"]), json.loads(tree["layout"])):
+        numel = math.prod(shape)
+        leaves[i] = packed[name][offset : offset + numel].reshape(shape).clone()
     meta = Meta(
         round=int(m["round"]),
         client=int(m["client"]),
