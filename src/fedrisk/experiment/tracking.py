@@ -143,15 +143,25 @@ class MLflowTracker:
             self.run_id = id_file.read_text().strip()
             self.client.update_run(self.run_id, status="RUNNING")
             return
-        exp = self.client.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(experiment)
-        run = self.client.create_run(exp_id, run_name=run_name, tags=dict(tags))
+        run = self.client.create_run(self._experiment_id(experiment), run_name=run_name, tags=dict(tags))
         self.run_id = run.info.run_id
         id_file.write_text(self.run_id + "\n")
         items = [Param(k, _param_text(v)) for k, v in params.items()]
         for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=items[i : i + 100])
         self.client.log_text(self.run_id, config_toml, "config.toml")
+
+    def _experiment_id(self, name: str) -> str:
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return self.client.create_experiment(name)
+        except Exception:  # a parallel sweep job created it first
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
 
     def log(self, round: int, values: Mapping[str, float]) -> None:
         from mlflow.entities import Metric
