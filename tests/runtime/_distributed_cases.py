@@ -341,7 +341,10 @@ def cases() -> list[Case]:
         Case(
             "own/shuffle-raise",
             lambda: poisoned(),
-            raises="client 1 replied with NaN/inf values in round 1 (reply or new client state; first non-finite leaf: slot)",
+            raises=(
+                "client 1 replied with NaN/inf values in round 1 "
+                "(reply or new client state; first non-finite leaf: slot)"
+            ),
         )
     )
     for name in ("scaffold", "codasca", "local_only"):  # failing clients under skip (tests/runtime/test_faults.py)
