@@ -8,13 +8,14 @@ client). Model: MLP 784-64-10 (50,890 parameters, so one control variate takes 2
 float32). ``clients_per_round`` clients take part in each round.
 
     .venv/bin/python benchmarks/client_states.py --clients 1000 10000 --stores memory disk \\
-        --rounds 3 --per-round 100 --json /tmp/client_states.json
+        --rounds 3 --per-round 100 --json runs/client_states.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -83,6 +84,7 @@ def main() -> None:
                 f"{n:>6} clients  {store:<6}  {r['seconds_per_round']:.2f} s/round  peak RSS {r['peak_rss_mb']:.0f} MB"
             )
     if args.json:
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=2)
 

@@ -53,8 +53,8 @@ times and the interleaved runs (``--no-paired`` skips the latter).
 
 Usage::
 
-    .venv/bin/python benchmarks/simulation_speed.py --repeat 2 --json /tmp/simulation_speed.json
-    .venv/bin/python benchmarks/simulation_speed.py --from-json /tmp/simulation_speed.json  # the report again
+    .venv/bin/python benchmarks/simulation_speed.py --repeat 2 --json runs/simulation_speed.json
+    .venv/bin/python benchmarks/simulation_speed.py --from-json runs/simulation_speed.json  # the report again
     .venv/bin/python benchmarks/simulation_speed.py --workload W2 --impl sequential plain --rounds 3
 """
 
@@ -881,6 +881,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                         )
     result = report(info, runs, pairs)
     if args.json:
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1)
     return result

@@ -25,7 +25,7 @@ load drifts slows both alike; the ratio is taken pair by pair.  One torch thread
 Usage::
 
     .venv/bin/python benchmarks/small_rounds.py                    # 2,000 rounds, 3 pairs
-    .venv/bin/python benchmarks/small_rounds.py --rounds 500 --pairs 2 --json /tmp/small_rounds.json
+    .venv/bin/python benchmarks/small_rounds.py --rounds 500 --pairs 2 --json runs/small_rounds.json
 
 Results: ``benchmarks/RESULTS.md`` (section "Many small rounds").
 """
@@ -231,6 +231,7 @@ def main() -> None:
             f"ratio of sums {got['ratio_of_sums']:.3f} (target <= 1.15); load average {os.getloadavg()[0]:.1f}"
         )
         if args.json:
+            os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
             with open(args.json, "w") as fh:
                 json.dump({"rounds": args.rounds, **got, "load_average": os.getloadavg()[0]}, fh, indent=1)
         return
@@ -264,6 +265,7 @@ def main() -> None:
             f"(range {min(ratios):.3f}-{max(ratios):.3f}; target <= 1.15)"
         )
     if args.json:
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as fh:
             json.dump({"rounds": args.rounds, "pairs": rows}, fh, indent=1)
 
