@@ -73,6 +73,7 @@ from fedrisk.algorithms.local import (
 )
 from fedrisk.autodiff import in_functorch_transform, value_and_grad
 from fedrisk.errors import FedriskError, check_range, unknown_name
+from fedrisk.objectives.minimax import project_simplex
 from fedrisk.objectives.supervised import LossFn
 from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree, tree_flatten_vector, tree_map, tree_stack
@@ -122,25 +123,10 @@ def mixing_weights(sq_distances: Any, counts: Sequence[int] | Tensor, lam: float
     m = n[order]
     tau_k = (2.0 * lam + (m * d).cumsum(1)) / m.cumsum(1)  # tau if the first k sorted entries are active
     active = d < tau_k  # true on a prefix (k = 1 always)
-    k = (active * torch.arange(1, N + 1, dtype=torch.float64)).argmax(dim=1, keepdim=True)
+    k = (active * torch.arange(1, N + 1, dtype=torch.float64, device=D.device)).argmax(dim=1, keepdim=True)
     tau = tau_k.gather(1, k)
     alpha = n / (2.0 * lam) * (tau - D).clamp_min(0.0)
     return alpha / alpha.sum(1, keepdim=True)
-
-
-def project_simplex(v: Tensor) -> Tensor:
-    """Euclidean projection of every row of ``v`` onto the probability simplex (sort-based).
-
-    Example:
-        >>> project_simplex(torch.tensor([[2.0, 0.0], [0.3, 0.3]], dtype=torch.float64)).tolist()
-        [[1.0, 0.0], [0.5, 0.5]]
-    """
-    u = v.sort(dim=-1, descending=True).values
-    css = u.cumsum(-1) - 1.0
-    idx = torch.arange(1, v.shape[-1] + 1, dtype=v.dtype)
-    rho = ((u - css / idx) > 0).to(v.dtype).mul(idx).argmax(-1, keepdim=True)
-    theta = css.gather(-1, rho) / (rho + 1).to(v.dtype)
-    return (v - theta).clamp_min(0.0)
 
 
 def mixing_weights_pgd(

@@ -261,11 +261,14 @@ def load_newest(path: str | Path) -> tuple[Any, Path]:
 
 
 def pack_global_rng() -> dict[str, Any]:
-    """The torch, NumPy and Python global generator states as tensors, ints and strings."""
+    """The torch (CPU, and CUDA once initialised), NumPy and Python global generator states as
+    tensors, ints and strings."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     version, internal, gauss = random.getstate()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []
     return {
         "torch": torch.get_rng_state(),
+        "cuda": cuda,
         "numpy": {
             "kind": str(kind),
             "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
@@ -280,6 +283,9 @@ def pack_global_rng() -> dict[str, Any]:
 def unpack_global_rng(state: dict[str, Any]) -> None:
     """Restore what :func:`pack_global_rng` packed (older checkpoints held NumPy's own tuple)."""
     torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda") or []
+    if cuda and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
+        torch.cuda.set_rng_state_all(cuda)
     npy = state["numpy"]
     if isinstance(npy, dict):
         keys = npy["keys"].numpy().astype(np.uint32)
