@@ -142,12 +142,17 @@ class InMemoryReplies(Replies):
 
 
 class Aggregator:
-    """Combines one field of the replies into one value; ``kind`` says how it reads them."""
+    """Combines one field of the replies into one value; ``kind`` says how it reads them.
+
+    ``gen`` is the server's generator of the round, for randomised rules (bucketing); the
+    deterministic rules ignore it."""
 
     kind: ClassVar[Kind] = "sum"
     name: ClassVar[str] = "aggregator"
 
-    def __call__(self, replies: Replies, key: str, weights: Mapping[int, float] | None = None) -> Tree:
+    def __call__(
+        self, replies: Replies, key: str, weights: Mapping[int, float] | None = None, gen: torch.Generator | None = None
+    ) -> Tree:
         raise NotImplementedError
 
 
@@ -157,7 +162,9 @@ class Mean(Aggregator):
     kind = "sum"
     name = "mean"
 
-    def __call__(self, replies: Replies, key: str, weights: Mapping[int, float] | None = None) -> Tree:
+    def __call__(
+        self, replies: Replies, key: str, weights: Mapping[int, float] | None = None, gen: torch.Generator | None = None
+    ) -> Tree:
         return replies.mean(key)
 
 
@@ -167,7 +174,9 @@ class WeightedMean(Aggregator):
     kind = "sum"
     name = "weighted_mean"
 
-    def __call__(self, replies: Replies, key: str, weights: Mapping[int, float] | None = None) -> Tree:
+    def __call__(
+        self, replies: Replies, key: str, weights: Mapping[int, float] | None = None, gen: torch.Generator | None = None
+    ) -> Tree:
         return replies.mean(key, weights)
 
 

@@ -284,9 +284,11 @@ class RobustAggregator(Aggregator):
             ``bucket_size`` replies, Karimireddy et al. 2022) or ``"nnm"`` (nearest-neighbour
             mixing, Allouah et al. 2023; uses the rule's ``f``).
         bucket_size: replies per bucket for ``pre = "bucketing"``.
-        seed: seed of the bucketing permutation when the caller hands over no generator
-            (``robust_sgd`` passes the round's aggregation generator, so the buckets change every
-            round; other callers get the same permutation every round).
+        seed: seed of the bucketing permutation when the caller hands over no generator (the
+            built-in algorithms — ``robust_sgd``, ``frpg``, ``fedavg`` — pass the round's server
+            generator, so the buckets change every round; a direct call without ``gen`` gets the
+            same permutation every time).
+        Client weights are not used: every rule treats the replies alike.
     """
 
     kind = "gather"

@@ -103,7 +103,7 @@ class FedAvg(Algorithm):
         self, ctx: RoundContext, server_state: Tree, plan: RoundPlan, replies: Replies, gen: torch.Generator
     ) -> Tree:
         weights = ctx.fed.size_weights(replies.clients) if self.weighting == "samples" else None
-        mean = self.aggregator(replies, "params", weights)
+        mean = self.aggregator(replies, "params", weights, gen=gen)
         params = server_state["params"]
         step, opt = self.server_opt.update(tree_sub(mean, params), server_state["opt"], params)
         return {"params": apply_step(params, step), "opt": opt}

@@ -59,7 +59,6 @@ import torch.utils._pytree as pytree
 from torch import Tensor
 
 from fedrisk.aggregators.base import Aggregator, Mean, Replies
-from fedrisk.aggregators.robust import RobustAggregator
 from fedrisk.algorithms.base import Algorithm, ClientResult, LocalData, RoundContext, RoundPlan
 from fedrisk.algorithms.local import SAMPLING_CHOICES, batch, sample_batches, supervised_objective
 from fedrisk.autodiff import value_and_grad
@@ -481,10 +480,7 @@ class RobustSGD(Algorithm):
         self, ctx: RoundContext, server_state: Tree, plan: RoundPlan, replies: Replies, gen: torch.Generator
     ) -> Tree:
         eta = self.step_size(ctx)
-        if isinstance(self.aggregator, RobustAggregator):  # bucketing draws from the round's generator
-            direction = self.aggregator(replies, "grad", None, gen=gen)
-        else:
-            direction = self.aggregator(replies, "grad", None)
+        direction = self.aggregator(replies, "grad", None, gen=gen)  # bucketing draws from the round's generator
         return {"w": tree_map(lambda p, d: p - eta * d, server_state["w"], direction)}
 
     def global_params(self, server_state: Tree) -> Tree:
