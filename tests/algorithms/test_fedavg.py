@@ -278,3 +278,24 @@ def test_default_metrics_include_log_loss_on_logits() -> None:
     got = score_split(alg, params, fed.test, ["log_loss", "accuracy"])
     assert got["log_loss"] == pytest.approx(log_loss(logits, s.y, from_logits=True))
     assert got["log_loss"] == pytest.approx(float(cross_entropy(logits, s.y)), rel=1e-5)
+
+
+def test_bucketing_under_fedavg_draws_new_buckets_every_round() -> None:
+    """FedAvg hands the round's server generator to its aggregator: bucketing (a randomised
+    pre-aggregation) must not reuse one permutation in every round."""
+    from fedrisk.aggregators.robust import CoordinateMedian
+
+    seen: list[int] = []
+
+    class Spy(CoordinateMedian):
+        def __call__(self, replies, key, weights=None, gen=None):  # type: ignore[no-untyped-def]
+            assert gen is not None, "FedAvg did not pass the round's generator"
+            seen.append(gen.initial_seed())
+            return super().__call__(replies, key, weights, gen=gen)
+
+    spy = Spy(pre="bucketing", bucket_size=2)
+    alg = FedAvg(model=mlp(), loss=cross_entropy, lr=0.1, local_steps=1, batch_size=4, aggregator=spy)
+    sim = Simulation(alg, federation((8, 8, 8, 8)), seed=0, dtype=torch.float64)
+    for _ in range(3):
+        sim.step()
+    assert len(seen) == 3 and len(set(seen)) == 3  # one generator per round
