@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import Any
 
 
 class FedriskError(ValueError):
@@ -45,3 +46,18 @@ def check_range(
         lb = "[" if low_inclusive and low is not None else "("
         rb = "]" if high_inclusive and high is not None else ")"
         raise FedriskError(f"{name} = {value!r} is out of range; allowed: {lb}{lo}, {hi}{rb}")
+
+
+def check_int(name: str, value: Any, low: int) -> None:
+    """Raise a :class:`FedriskError` unless ``value`` is an ``int`` (not a bool) ``>= low``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FedriskError(f"{name} must be an integer >= {low}; got {value!r}")
+    check_range(name, value, low)
+
+
+def check_positive(name: str, value: Any) -> None:
+    """Raise a :class:`FedriskError` unless ``value`` is a finite number ``> 0`` (not a bool)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or value != value:
+        raise FedriskError(f"{name} = {value!r} is not allowed; it must be a number > 0")
+    if value == float("inf"):
+        raise FedriskError(f"{name} = inf is not allowed; it must be a finite number > 0")

@@ -191,7 +191,7 @@ from fedrisk.algorithms.primal_dual import (
     tree_directions,
 )
 from fedrisk.autodiff import in_functorch_transform, value_and_grad
-from fedrisk.errors import FedriskError, check_range, unknown_name
+from fedrisk.errors import FedriskError, check_int, check_range, unknown_name
 from fedrisk.objectives.auc import DEFAULT_POSITIVE_RATIO, check_ratio, positive_ratios_from_counts
 from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree, tensor_leaves, tree_add, tree_map, tree_scale, tree_zeros_like
@@ -411,11 +411,6 @@ class StageSlot(NamedTuple):
     """``"train"``, ``"stage_end"`` or ``"dual_reset"``."""
 
 
-def _check_int(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise FedriskError(f"{name} must be an integer >= {low}; got {value!r}")
-    check_range(name, value, low)
-
 
 def _zero_like_params(params: Tree) -> Tensor:
     leaf = next((x for x in tensor_leaves(params) if x.is_floating_point()), None)
@@ -499,10 +494,10 @@ class CODAPlus(Algorithm):
 
     def __post_init__(self) -> None:
         check_range("lr", self.lr, 0.0, None, low_inclusive=False)
-        _check_int("window", self.window, 1)
+        check_int("window", self.window, 1)
         check_range("window_growth", self.window_growth, 1.0)
         if self.stage_iters is not None:
-            _check_int("stage_iters", self.stage_iters, 1)
+            check_int("stage_iters", self.stage_iters, 1)
             if self.window > self.stage_iters:
                 raise FedriskError(
                     f"{self.name}: window = {self.window} is larger than the stage length stage_iters = "
@@ -535,7 +530,7 @@ class CODAPlus(Algorithm):
             )
         if self.stage_output not in STAGE_OUTPUTS:
             raise unknown_name("stage_output", self.stage_output, STAGE_OUTPUTS)
-        _check_int("batch_size", self.batch_size, 1)
+        check_int("batch_size", self.batch_size, 1)
         if self.sampling not in SAMPLING_CHOICES:
             raise unknown_name("sampling", self.sampling, SAMPLING_CHOICES)
         if self.auc_loss not in AUC_LOSSES:
@@ -977,7 +972,7 @@ class CODA(CODAPlus):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_int("reset_batch_size", self.reset_batch_size, 1)
+        check_int("reset_batch_size", self.reset_batch_size, 1)
 
     def dual_reset_draw(self, num_samples: Any, rng: ClientRNG) -> Tree:
         return {"batch": sample_batch(rng, num_samples, self.reset_batch_size, self.sampling)}

@@ -77,7 +77,7 @@ from fedrisk.algorithms.base import (
 from fedrisk.algorithms.local import SAMPLING_CHOICES, sample_batches
 from fedrisk.algorithms.primal_dual import Directions, LocalWindow, extrapolate, local_sgda, tree_directions
 from fedrisk.autodiff import in_functorch_transform, value_and_grad
-from fedrisk.errors import FedriskError, check_range, unknown_name
+from fedrisk.errors import FedriskError, check_int, check_range, unknown_name
 from fedrisk.objectives.minimax import (
     make_projection,
     per_sample_cross_entropy,
@@ -150,11 +150,6 @@ def flat_directions(fn: Callable[[int, Tree, Tensor], tuple[Tensor, Tree, Tensor
     return flat
 
 
-def _check_int(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise FedriskError(f"{name} must be an integer >= {low}; got {value!r}")
-    check_range(name, value, low)
-
 
 def _positive(name: str, value: float | None) -> None:
     if value is not None:
@@ -205,16 +200,16 @@ class LocalSGDA(Algorithm):
     def __post_init__(self) -> None:
         _positive("lr", self.lr)
         _positive("lr_dual", self.lr_dual)
-        _check_int("local_steps", self.local_steps, 1)
-        _check_int("batch_size", self.batch_size, 1)
+        check_int("local_steps", self.local_steps, 1)
+        check_int("batch_size", self.batch_size, 1)
         if self.sampling not in SAMPLING_CHOICES:
             raise unknown_name("sampling", self.sampling, SAMPLING_CHOICES)
         if self.clients_per_round is not None:
-            _check_int("clients_per_round", self.clients_per_round, 1)
+            check_int("clients_per_round", self.clients_per_round, 1)
         if self.game not in GAMES:
             raise unknown_name("game", self.game, GAMES)
         if self.dual_dim is not None:
-            _check_int("dual_dim", self.dual_dim, 1)
+            check_int("dual_dim", self.dual_dim, 1)
         check_range("wgan_lambda", self.wgan_lambda, 0.0, None)
         _positive("quadratic_mu", self.quadratic_mu)
 
@@ -455,7 +450,7 @@ class LocalSGDAPlus(LocalSGDA):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_int("snapshot_period", self.snapshot_period, 1)
+        check_int("snapshot_period", self.snapshot_period, 1)
 
 
 # ============================================================================================
@@ -515,7 +510,7 @@ class FedNormSGDAPlus(FedNormSGDA):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_int("snapshot_period", self.snapshot_period, 1)
+        check_int("snapshot_period", self.snapshot_period, 1)
 
 
 # ============================================================================================

@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedrisk.errors import FedriskError
+from fedrisk.errors import check_positive
 
 __all__ = [
     "check_positive",
@@ -46,14 +46,6 @@ __all__ = [
     "l1_subgrad",
     "project_l2_ball",
 ]
-
-
-def check_positive(name: str, value: float) -> None:
-    """Raise :class:`FedriskError` unless ``value > 0`` (penalty weights, smoothing, radii)."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or value != value:
-        raise FedriskError(f"{name} = {value!r} is not allowed; it must be a number > 0")
-    if value == float("inf"):
-        raise FedriskError(f"{name} = inf is not allowed; it must be a finite number > 0")
 
 
 def _norm(z: Tensor) -> Tensor:
