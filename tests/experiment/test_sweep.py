@@ -174,7 +174,7 @@ def test_real_children_get_sigterm_checkpoint_and_resume_exactly(tiny, tmp_path)
     from fedrisk.experiment import RunDir
     from fedrisk.experiment.outputs import read_jsonl
 
-    tiny["run"].update(rounds=30, eval_every=3)
+    tiny["run"].update(rounds=300, eval_every=30)  # long enough that SIGTERM lands mid-run on a fast machine
     cfg = resolve_config(tiny)
     grid = {"algorithm.lr": [0.05, 0.2]}
     out = tmp_path / "s"
