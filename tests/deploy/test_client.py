@@ -59,8 +59,8 @@ class Faulty(LoopbackExecutor):
         super().__init__()
         self.fault = fault
 
-    def exchange(self, requests, ctx):
-        out = super().exchange(requests, ctx)
+    def exchange(self, requests, ctx, states):
+        out = super().exchange(requests, ctx, states)
         if ctx.round != 1:
             return out
         if self.fault == "silent":

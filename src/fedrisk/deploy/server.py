@@ -50,11 +50,13 @@ class MessageExecutor(Executor):
         self.experiment = experiment
 
     @abstractmethod
-    def exchange(self, requests: Mapping[int, tuple[str, Any]], ctx: RoundContext) -> dict[int, Any]:
+    def exchange(
+        self, requests: Mapping[int, tuple[str, Any]], ctx: RoundContext, states: Mapping[int, Tree]
+    ) -> dict[int, Any]:
         """Send ``{client: (message type, content)}``; return ``{client: reply content}`` for the
         clients that answered, an error text (``str``) for those that answered with an error,
-        and nothing for silent ones.  May also fill :attr:`states` (transports that keep client
-        states on the server side)."""
+        and nothing for silent ones.  ``states`` are the simulation's client states (transports
+        that keep client states on the server side read them and fill :attr:`states`)."""
 
     def run_round(
         self,
@@ -72,7 +74,7 @@ class MessageExecutor(Executor):
             for k in plan.clients
         }
         self.states: dict[int, Tree] = {}
-        answers = self.exchange(requests, ctx)
+        answers = self.exchange(requests, ctx, states)
         replies: dict[int, Any] = {}
         metrics: dict[int, Any] = {}
         failed: dict[int, str] = {}
@@ -110,14 +112,16 @@ class LoopbackExecutor(MessageExecutor):
     def prepare(self, algorithm: Algorithm, data: Sequence[LocalData]) -> None:
         self._algorithm, self._data = algorithm, data
 
-    def exchange(self, requests: Mapping[int, tuple[str, Any]], ctx: RoundContext) -> dict[int, Any]:
+    def exchange(
+        self, requests: Mapping[int, tuple[str, Any]], ctx: RoundContext, states: Mapping[int, Tree]
+    ) -> dict[int, Any]:
         from fedrisk.deploy.client import client_round
 
         out: dict[int, Any] = {}
         for k, (_, content) in requests.items():
             try:
                 reply, state, _ = client_round(
-                    self._algorithm, ctx.fed, wire(content), self._sim_states[k], self._data[k]
+                    self._algorithm, ctx.fed, wire(content), states[k], self._data[k]
                 )
             except Exception as exc:  # an error reply, as a node would send it
                 out[k] = repr(exc)
@@ -125,19 +129,6 @@ class LoopbackExecutor(MessageExecutor):
             self.states[k] = state
             out[k] = wire(reply)
         return out
-
-    def run_round(
-        self,
-        algorithm: Algorithm,
-        ctx: RoundContext,
-        plan: RoundPlan,
-        states: Mapping[int, Tree],
-        data: Sequence[LocalData],
-        seed: int,
-        on_failure: str = "raise",
-    ) -> RoundOutput:
-        self._sim_states = states
-        return super().run_round(algorithm, ctx, plan, states, data, seed, on_failure)
 
 
 def wire(content: Any) -> Any:
