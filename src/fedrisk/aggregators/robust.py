@@ -234,10 +234,7 @@ def geometric_median(
         [0.5, 0.5]
     """
     check_rows(x, "geometric_median")
-    if not tol > 0 or not eps > 0:
-        raise FedriskError(f"geometric_median: tol = {tol!r} and eps = {eps!r} must be > 0")
-    if not isinstance(max_iter, int) or max_iter < 1:
-        raise FedriskError(f"geometric_median: max_iter = {max_iter!r} must be an integer >= 1")
+    _check_weiszfeld(tol, max_iter, eps)
     z = x.mean(dim=0)
     for _ in range(max_iter):
         dist = torch.linalg.vector_norm(x - z, dim=1).clamp_min(eps)
@@ -250,6 +247,22 @@ def geometric_median(
     return z
 
 
+def _check_weiszfeld(tol: float, max_iter: int, eps: float) -> None:
+    """The options of :func:`geometric_median` (shared by the function and its aggregator)."""
+    if not tol > 0 or not eps > 0:
+        raise FedriskError(f"geometric_median: tol = {tol!r} and eps = {eps!r} must be > 0")
+    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
+        raise FedriskError(f"geometric_median: max_iter = {max_iter!r} must be an integer >= 1")
+
+
+def _check_clipping(tau: float, iters: int) -> None:
+    """The options of :func:`centered_clipping` (shared by the function and its aggregator)."""
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau > 0 or tau == float("inf"):
+        raise FedriskError(f"centered_clipping: tau = {tau!r} is not allowed; it must be a finite number > 0")
+    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
+        raise FedriskError(f"centered_clipping: iters = {iters!r} must be an integer >= 1")
+
+
 def centered_clipping(x: Tensor, tau: float = 1.0, iters: int = 3, center: Tensor | None = None) -> Tensor:
     """Centred clipping (Karimireddy, He and Jaggi, 2021): ``iters`` times
     ``v <- v + (1/n) sum_i (x_i - v) min(1, tau / ||x_i - v||)``, from ``center`` (default: the
@@ -260,10 +273,7 @@ def centered_clipping(x: Tensor, tau: float = 1.0, iters: int = 3, center: Tenso
         [1.5]
     """
     check_rows(x, "centered_clipping")
-    if not isinstance(tau, (int, float)) or not tau > 0 or tau == float("inf"):
-        raise FedriskError(f"centered_clipping: tau = {tau!r} is not allowed; it must be a finite number > 0")
-    if not isinstance(iters, int) or iters < 1:
-        raise FedriskError(f"centered_clipping: iters = {iters!r} must be an integer >= 1")
+    _check_clipping(tau, iters)
     v = coordinate_median(x) if center is None else center.to(x.dtype)
     for _ in range(iters):
         diff = x - v
@@ -366,47 +376,42 @@ class CoordinateMedian(RobustAggregator):
     rule = staticmethod(coordinate_median)
 
 
-class TrimmedMean(RobustAggregator):
+class _FaultTolerant(RobustAggregator):
+    """A rule parameterised by the number ``f`` of Byzantine replies it tolerates."""
+
+    def __init__(self, f: int = 1, **kw: Any) -> None:
+        super().__init__(**kw)
+        _check_nonneg_int("f", f)
+        self.f = f
+
+    def options(self) -> dict[str, Any]:
+        return {"f": self.f}
+
+
+class TrimmedMean(_FaultTolerant):
     """Coordinate-wise trimmed mean dropping ``f`` values at each end (:func:`trimmed_mean`)."""
 
     name = "trimmed_mean"
     rule = staticmethod(trimmed_mean)
 
-    def __init__(self, f: int = 1, **kw: Any) -> None:
-        super().__init__(**kw)
-        _check_nonneg_int("f", f)
-        self.f = f
 
-    def options(self) -> dict[str, Any]:
-        return {"f": self.f}
-
-
-class Krum(RobustAggregator):
+class Krum(_FaultTolerant):
     """Krum: the reply with the smallest score over its ``n - f - 2`` nearest others (:func:`krum`)."""
 
     name = "krum"
     rule = staticmethod(krum)
 
-    def __init__(self, f: int = 1, **kw: Any) -> None:
-        super().__init__(**kw)
-        _check_nonneg_int("f", f)
-        self.f = f
 
-    def options(self) -> dict[str, Any]:
-        return {"f": self.f}
-
-
-class MultiKrum(RobustAggregator):
+class MultiKrum(_FaultTolerant):
     """Multi-Krum: the mean of the ``m`` best-scored replies (``m = 0``: ``n - f``) (:func:`multi_krum`)."""
 
     name = "multi_krum"
     rule = staticmethod(multi_krum)
 
     def __init__(self, f: int = 1, m: int = 0, **kw: Any) -> None:
-        super().__init__(**kw)
-        _check_nonneg_int("f", f)
+        super().__init__(f, **kw)
         _check_nonneg_int("m", m)
-        self.f, self.m = f, m
+        self.m = m
 
     def options(self) -> dict[str, Any]:
         return {"f": self.f, "m": self.m or None}
@@ -420,11 +425,7 @@ class GeometricMedian(RobustAggregator):
 
     def __init__(self, tol: float = 1e-7, max_iter: int = 1000, eps: float = 1e-8, **kw: Any) -> None:
         super().__init__(**kw)
-        if not tol > 0 or not eps > 0 or not isinstance(max_iter, int) or max_iter < 1:
-            raise FedriskError(
-                f"geometric_median: tol = {tol!r}, eps = {eps!r} must be > 0 "
-                f"and max_iter = {max_iter!r} an integer >= 1"
-            )
+        _check_weiszfeld(tol, max_iter, eps)
         self.tol, self.max_iter, self.eps = tol, max_iter, eps
 
     def options(self) -> dict[str, Any]:
@@ -439,10 +440,7 @@ class CenteredClipping(RobustAggregator):
 
     def __init__(self, tau: float = 1.0, iters: int = 3, **kw: Any) -> None:
         super().__init__(**kw)
-        if not isinstance(tau, (int, float)) or not tau > 0:
-            raise FedriskError(f"centered_clipping: tau = {tau!r} is not allowed; it must be a number > 0")
-        if not isinstance(iters, int) or iters < 1:
-            raise FedriskError(f"centered_clipping: iters = {iters!r} must be an integer >= 1")
+        _check_clipping(tau, iters)
         self.tau, self.iters = float(tau), iters
 
     def options(self) -> dict[str, Any]:
