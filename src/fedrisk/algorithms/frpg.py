@@ -160,8 +160,33 @@ def _vec(t: Tree) -> Tensor:
 
 
 # ============================================================================= FRPG
+class _ServerModel(Algorithm):
+    """What the paper's methods share: every worker takes part in every round, the server's model
+    ``w`` (all zeros unless ``zero_init`` is off) is the global model."""
+
+    def init_params(self, gen: torch.Generator) -> Tree:
+        params = self.model.init_params(gen)  # type: ignore[attr-defined]
+        return tree_zeros_like(params) if self.zero_init else params  # type: ignore[attr-defined]
+
+    def global_params(self, server_state: Tree) -> Tree:
+        return server_state["w"]
+
+
+class _BroadcastSGD(_ServerModel):
+    """RSA and SGD-with-aggregation: the server broadcasts ``w`` as ``w0``; one minibatch per round."""
+
+    def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
+        return {"w": params}
+
+    def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
+        return RoundPlan(list(range(ctx.fed.num_clients)), broadcast={"w0": server_state["w"]})
+
+    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
+        return {"batches": sample_batches(rng, num_samples, 1, self.batch_size, self.sampling)}  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True)
-class FRPG(Algorithm):
+class FRPG(_ServerModel):
     """Fault-Resilient Proximal Gradient (Algorithm 1 of paper 002); see the module docstring.
 
     Args:
@@ -213,10 +238,6 @@ class FRPG(Algorithm):
         """``(beta, alpha_0, alpha_n)`` for slot (FRPG) or frame (LFRPG) ``k``."""
         return frpg_schedule(k, self.delta_server, self.delta, self.l0, self.lipschitz)
 
-    def init_params(self, gen: torch.Generator) -> Tree:
-        params = self.model.init_params(gen)
-        return tree_zeros_like(params) if self.zero_init else params
-
     # -- server -------------------------------------------------------------------------
     def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
         return {"w": params, "v": params}  # w_{0,0} = v_{0,0}
@@ -245,9 +266,6 @@ class FRPG(Algorithm):
         v0 = frpg_server_post(_vec(server_state["v"]), u0, g_sum, alpha0, beta, self.delta_server)  # (6c)
         like = server_state["w"]
         return {"w": tree_unflatten_vector(w0, like), "v": tree_unflatten_vector(v0, like)}
-
-    def global_params(self, server_state: Tree) -> Tree:
-        return server_state["w"]
 
     # -- worker -------------------------------------------------------------------------
     def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
@@ -347,7 +365,7 @@ def _unflatten_rows(rows: Tensor, like: Tree) -> Tree:
 
 # ============================================================================= RSA
 @dataclass(frozen=True)
-class RSA(Algorithm):
+class RSA(_BroadcastSGD):
     """Robust Stochastic Aggregation with the l1 penalty (Li et al., 2019), step ``lr / sqrt(k)``.
 
     Workers upload their models ``w_n``; the server applies ``sign`` itself, so a faulty model of
@@ -376,24 +394,11 @@ class RSA(Algorithm):
         check_range("batch_size", self.batch_size, 1)
         _check_sampling(self.sampling)
 
-    def init_params(self, gen: torch.Generator) -> Tree:
-        params = self.model.init_params(gen)
-        return tree_zeros_like(params) if self.zero_init else params
-
     def step_size(self, ctx: RoundContext) -> float:
         return self.lr / math.sqrt(ctx.round + 1)
 
-    def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
-        return {"w": params}
-
     def init_client(self, ctx: RoundContext, client: int, params: Tree) -> Tree:
         return {"w": params}
-
-    def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
-        return RoundPlan(list(range(ctx.fed.num_clients)), broadcast={"w0": server_state["w"]})
-
-    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
-        return {"batches": sample_batches(rng, num_samples, 1, self.batch_size, self.sampling)}
 
     def client_update(
         self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
@@ -416,13 +421,10 @@ class RSA(Algorithm):
         new = w0 - eta * (self.delta_server * w0 + self.lam * signs)
         return {"w": tree_unflatten_vector(new, server_state["w"])}
 
-    def global_params(self, server_state: Tree) -> Tree:
-        return server_state["w"]
-
 
 # ============================================================================= SGD + aggregator
 @dataclass(frozen=True)
-class RobustSGD(Algorithm):
+class RobustSGD(_BroadcastSGD):
     """Distributed SGD whose server combines the workers' gradients with ``aggregator``.
 
     ``w_0 <- w_0 - eta_k agg_n(grad f_n(w_0; x_n))`` with ``eta_k = lr / sqrt(k)`` (``lr_decay =
@@ -451,21 +453,8 @@ class RobustSGD(Algorithm):
         if self.lr_decay not in LR_DECAYS:
             raise unknown_name("lr_decay", self.lr_decay, LR_DECAYS)
 
-    def init_params(self, gen: torch.Generator) -> Tree:
-        params = self.model.init_params(gen)
-        return tree_zeros_like(params) if self.zero_init else params
-
     def step_size(self, ctx: RoundContext) -> float:
         return self.lr / math.sqrt(ctx.round + 1) if self.lr_decay == "sqrt" else self.lr
-
-    def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
-        return {"w": params}
-
-    def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
-        return RoundPlan(list(range(ctx.fed.num_clients)), broadcast={"w0": server_state["w"]})
-
-    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
-        return {"batches": sample_batches(rng, num_samples, 1, self.batch_size, self.sampling)}
 
     def client_update(
         self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
