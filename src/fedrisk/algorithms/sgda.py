@@ -436,7 +436,21 @@ class FSGDA(LocalSGDA):
 
 
 @dataclass(frozen=True)
-class LocalSGDAPlus(LocalSGDA):
+class _Snapshot:
+    """The "+" variants: the y-ascent uses a snapshot ``x̂`` refreshed every ``snapshot_period``
+    (S) rounds (see ``uses_snapshot`` in :class:`LocalSGDA`)."""
+
+    uses_snapshot: ClassVar[bool] = True
+
+    snapshot_period: int = 5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # type: ignore[misc]
+        check_int("snapshot_period", self.snapshot_period, 1)
+
+
+@dataclass(frozen=True)
+class LocalSGDAPlus(_Snapshot, LocalSGDA):
     """Local SGDA+ (Deng & Mahdavi 2021, as analysed for NC-C by Sharma et al. 2022): Local SGDA
     whose y-ascent uses a stale ``x̂``, ``y ← P_Y(y + η_{y,l} ∇_y f_i(x̂, y; ξ))``; the server sets
     ``x̂ = x_{t+1}`` after every ``snapshot_period`` (S) rounds.  (The original refreshes every S
@@ -444,13 +458,6 @@ class LocalSGDAPlus(LocalSGDA):
     """
 
     name: ClassVar[str] = "local_sgda_plus"
-    uses_snapshot: ClassVar[bool] = True
-
-    snapshot_period: int = 5
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_int("snapshot_period", self.snapshot_period, 1)
 
 
 # ============================================================================================
@@ -498,19 +505,12 @@ class FedNormSGDA(FSGDA):
 
 
 @dataclass(frozen=True)
-class FedNormSGDAPlus(FedNormSGDA):
+class FedNormSGDAPlus(_Snapshot, FedNormSGDA):
     """Fed-Norm-SGDA+ (Sharma, Panda & Joshi 2023): Fed-Norm-SGDA whose clients take the y-gradient
     at the snapshot ``x̂``, fixed for ``snapshot_period`` (S) rounds and then refreshed to the
     current global x (spec §2.6)."""
 
     name: ClassVar[str] = "fed_norm_sgda_plus"
-    uses_snapshot: ClassVar[bool] = True
-
-    snapshot_period: int = 5
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_int("snapshot_period", self.snapshot_period, 1)
 
 
 # ============================================================================================
