@@ -192,7 +192,7 @@ from fedrisk.algorithms.primal_dual import (
 )
 from fedrisk.autodiff import in_functorch_transform, value_and_grad
 from fedrisk.errors import FedriskError, check_int, check_range, unknown_name
-from fedrisk.objectives.auc import DEFAULT_POSITIVE_RATIO, check_ratio, positive_ratios_from_counts
+from fedrisk.objectives.auc import DEFAULT_POSITIVE_RATIO, check_ratio, positive_ratios_from_counts, single_output
 from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree, tensor_leaves, tree_add, tree_map, tree_scale, tree_zeros_like
 
@@ -656,14 +656,7 @@ class CODAPlus(Algorithm):
 
     def scores(self, model_params: Tree, x: Tensor) -> Tensor:
         """``h(w; x)``: the model's single output as ``[N]`` (sigmoid applied if ``sigmoid``)."""
-        out = self.model.apply(model_params, x)
-        if out.dim() == 2:
-            if out.shape[1] != 1:
-                raise FedriskError(
-                    f"{self.name}: the AUC objective needs a one-output scorer; the model returns "
-                    f"{out.shape[1]} outputs per sample (build it with num_outputs=1)"
-                )
-            out = out[:, 0]
+        out = single_output(self.model.apply(model_params, x), self.name)
         return torch.sigmoid(out) if self.sigmoid else out
 
     def client_positive_ratios(self, fed: FedInfo) -> tuple[float, ...]:

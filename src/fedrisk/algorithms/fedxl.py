@@ -104,7 +104,7 @@ from fedrisk.aggregators.base import Replies
 from fedrisk.algorithms.base import Algorithm, ClientResult, FedInfo, LocalData, RoundContext, RoundPlan, sample_clients
 from fedrisk.autodiff import value_and_grad
 from fedrisk.errors import FedriskError, check_range, unknown_name
-from fedrisk.objectives.auc import class_count_pairs
+from fedrisk.objectives.auc import class_count_pairs, single_output
 from fedrisk.objectives.xrisk import (
     check_xrisk_params,
     decomposed_surrogate,
@@ -235,14 +235,7 @@ class PairwiseBase(Algorithm):
     # -- scores, schedule ---------------------------------------------------------------------
     def scores(self, params: Tree, x: Tensor) -> Tensor:
         """``h(w; x)`` as ``[N]``: the single model output, through a sigmoid by default."""
-        out = self.model.apply(params, x)
-        if out.dim() == 2:
-            if out.shape[1] != 1:
-                raise FedriskError(
-                    f"{self.name}: a pairwise X-risk needs a one-output scorer; the model returns {out.shape[1]} "
-                    "outputs per sample (build it with num_outputs = 1)"
-                )
-            out = out[:, 0]
+        out = single_output(self.model.apply(params, x), self.name)
         return torch.sigmoid(out) if self.score == "sigmoid" else out
 
     def predict(self, params: Tree, x: Tensor) -> Tensor:

@@ -70,6 +70,7 @@ __all__ = [
     "positive_ratio",
     "positive_ratios_from_counts",
     "resolve_positive_ratios",
+    "single_output",
 ]
 
 Scalar: TypeAlias = float | Tensor
@@ -143,6 +144,24 @@ def check_ratio(p: Scalar, name: str = "p") -> float:
 def _fmt_label(v: float | int | bool) -> str:
     v = float(v)
     return str(int(v)) if v.is_integer() else repr(v)
+
+
+def single_output(out: Tensor, who: str) -> Tensor:
+    """A scorer's outputs ``[N]`` or ``[N, 1]`` as ``[N]`` (the AUC and X-risk objectives score one
+    number per example); several outputs per example are an error naming ``who``.
+
+    Example:
+        >>> single_output(torch.tensor([[0.5], [2.0]]), "codaplus").tolist()
+        [0.5, 2.0]
+    """
+    if out.dim() == 2:
+        if out.shape[1] != 1:
+            raise FedriskError(
+                f"{who}: the objective needs a one-output scorer; the model returns {out.shape[1]} "
+                "outputs per sample (build it with num_outputs = 1)"
+            )
+        out = out[:, 0]
+    return out
 
 
 def check_binary_labels(labels: Tensor, name: str = "labels") -> None:
