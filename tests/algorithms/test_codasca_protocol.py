@@ -16,6 +16,7 @@ float64 throughout; equalities to 1e-12.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -35,51 +36,17 @@ from fedrisk.algorithms.codasca import (
     local_sgda,
 )
 from fedrisk.data.federation import Federation
-from fedrisk.data.synthetic import class_split_auc_federation
 from fedrisk.errors import FedriskError
-from fedrisk.models import FunctionalModel, build_model
-from fedrisk.runtime.simulation import Simulation, fed_info
+from fedrisk.runtime.simulation import fed_info
 from fedrisk.tree import tree_flatten_vector, tree_map
 
-F64 = torch.float64
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# the fixtures and helpers of the first-pass tests (one_thread is an autouse fixture)
+from test_codasca import F64, flat, max_diff, mlp, one_thread, sim_of, small_fed  # noqa: F401
+
 TOL = 1e-12
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "codasca"
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def small_fed(num_clients: int = 4, seed: int = 0, dim: int = 6) -> Federation:
-    return class_split_auc_federation(
-        num_clients,
-        seed=seed,
-        num_neg_classes=num_clients,
-        num_pos_classes=num_clients,
-        dim=dim,
-        neg_per_class=30,
-        test_per_class=20,
-    )
-
-
-def mlp(dim: int = 6, hidden: int = 5, activation: str | None = "sigmoid") -> FunctionalModel:
-    return FunctionalModel(build_model("mlp", (dim,), 1, hidden=[hidden], output_activation=activation))
-
-
-def sim_of(alg: Any, fed: Federation | None = None, seed: int = 0, **kw: Any) -> Simulation:
-    return Simulation(alg, fed if fed is not None else small_fed(), seed=seed, dtype=F64, **kw)
-
-
-def flat(state: dict) -> Tensor:
-    return torch.cat([tree_flatten_vector(state["v"]), state["alpha"].reshape(1)])
-
-
-def max_diff(a: Any, b: Any) -> float:
-    return float((tree_flatten_vector(a) - tree_flatten_vector(b)).abs().max())
 
 
 KW = {"lr": 0.2, "window": 2, "stage_iters": 4, "batch_size": 8}
