@@ -43,11 +43,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from _timing import measure  # this script's folder
 from torch import Tensor
 
 from fedrisk.algorithms.base import LocalData
@@ -120,20 +120,6 @@ def build(args: argparse.Namespace) -> dict[str, Simulation]:
         algorithms["codasca_autograd"] = CODASCAAutograd(window=args.window, stage_iters=args.stage_iters, **common)
     return {name: Simulation(alg, fed, seed=0) for name, alg in algorithms.items()}
 
-
-def measure(sims: dict[str, Simulation], repeats: int, warmup: int) -> dict[str, dict[str, list[float]]]:
-    """Wall-clock and process CPU seconds of each round (CPU time is the steadier of the two on a
-    machine shared with other jobs: it does not count the time the process waits for a core)."""
-    times: dict[str, dict[str, list[float]]] = {name: {"wall": [], "cpu": []} for name in sims}
-    for i in range(warmup + repeats):
-        for name, sim in sims.items():
-            wall, cpu = time.perf_counter(), time.process_time()
-            sim.step()
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            if i >= warmup:
-                times[name]["wall"].append(wall)
-                times[name]["cpu"].append(cpu)
-    return times
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

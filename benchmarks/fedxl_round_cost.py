@@ -23,10 +23,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from typing import Any
 
 import torch
+from _timing import measure  # this script's folder
 
 from fedrisk.algorithms.fedxl import FeDXL1, FeDXL2
 from fedrisk.algorithms.local_pair import LocalPair
@@ -66,18 +66,6 @@ def build(args: argparse.Namespace) -> dict[str, Simulation]:
         sims[name].step()  # the bootstrap round (scores only) is not timed
     return sims
 
-
-def measure(sims: dict[str, Simulation], repeats: int, warmup: int) -> dict[str, dict[str, list[float]]]:
-    times: dict[str, dict[str, list[float]]] = {name: {"wall": [], "cpu": []} for name in sims}
-    for i in range(warmup + repeats):
-        for name, sim in sims.items():
-            wall, cpu = time.perf_counter(), time.process_time()
-            sim.step()
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            if i >= warmup:
-                times[name]["wall"].append(wall)
-                times[name]["cpu"].append(cpu)
-    return times
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
