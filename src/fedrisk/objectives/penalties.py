@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from fedrisk.errors import check_positive
+from fedrisk.objectives.minimax import project_ball
 
 __all__ = [
     "check_positive",
@@ -112,7 +113,7 @@ def project_l2_ball(g: Tensor, radius: float) -> Tensor:
         [0.30000001192092896, 0.4000000059604645]
     """
     check_positive("radius", radius)
-    return g * torch.clamp(radius / torch.clamp(_norm(g), min=torch.finfo(g.dtype).tiny), max=1.0)
+    return project_ball(g.reshape(-1), radius).reshape(g.shape)  # the norm of the whole vector
 
 
 def l1_penalty(z: Tensor) -> Tensor:
