@@ -95,15 +95,17 @@ def tree_flatten_vector(a: Tree) -> Tensor:
 
 
 def tree_unflatten_vector(vec: Tensor, like: Tree) -> Tree:
-    """Inverse of :func:`tree_flatten_vector` for a tree shaped like ``like``."""
+    """Inverse of :func:`tree_flatten_vector` for a tree shaped like ``like``.  Leading
+    dimensions of ``vec`` (e.g. rows ``[T, d]``) become leading dimensions of every leaf."""
     leaves, spec = pytree.tree_flatten(like)
+    batch = vec.shape[:-1]
     out, offset = [], 0
     for leaf in leaves:
         n = leaf.numel()
-        out.append(vec[offset : offset + n].reshape(leaf.shape))
+        out.append(vec[..., offset : offset + n].reshape(*batch, *leaf.shape))
         offset += n
-    if offset != vec.numel():
-        raise ValueError(f"vector has {vec.numel()} entries, the tree needs {offset}")
+    if offset != vec.shape[-1]:
+        raise ValueError(f"vector has {vec.shape[-1]} entries, the tree needs {offset}")
     return pytree.tree_unflatten(out, spec)
 
 

@@ -55,7 +55,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
-import torch.utils._pytree as pytree
 from torch import Tensor
 
 from fedrisk.aggregators.base import Aggregator, Mean, Replies
@@ -346,21 +345,10 @@ class LFRPG(FRPG):
         v_tree = tree_unflatten_vector(v, like)
         if lit:
             stacked = torch.stack(slots)
-            new_state = {"w_slots": _unflatten_rows(stacked, like), "v": v_tree}
+            new_state = {"w_slots": tree_unflatten_vector(stacked, like), "v": v_tree}
         else:
             new_state = {"w": tree_unflatten_vector(w, like), "v": v_tree}
         return ClientResult(reply, new_state, {"loss": torch.stack(losses).mean()})
-
-
-def _unflatten_rows(rows: Tensor, like: Tree) -> Tree:
-    """``[T, d]`` rows back into a tree whose leaves have a leading dimension T."""
-    leaves, spec = pytree.tree_flatten(like)
-    out, offset = [], 0
-    for leaf in leaves:
-        n = leaf.numel()
-        out.append(rows[:, offset : offset + n].reshape(rows.shape[0], *leaf.shape))
-        offset += n
-    return pytree.tree_unflatten(out, spec)
 
 
 # ============================================================================= RSA
