@@ -180,7 +180,7 @@ from torch.utils import _pytree as pytree
 
 from fedrisk.aggregators.base import Replies
 from fedrisk.algorithms.base import Algorithm, ClientResult, FedInfo, LocalData, RoundContext, RoundPlan
-from fedrisk.algorithms.local import SAMPLING_CHOICES, sample_batch, sample_batches
+from fedrisk.algorithms.local import check_sampling, sample_batch, sample_batches
 from fedrisk.algorithms.primal_dual import (
     Directions,
     LocalWindow,
@@ -531,8 +531,7 @@ class CODAPlus(Algorithm):
         if self.stage_output not in STAGE_OUTPUTS:
             raise unknown_name("stage_output", self.stage_output, STAGE_OUTPUTS)
         check_int("batch_size", self.batch_size, 1)
-        if self.sampling not in SAMPLING_CHOICES:
-            raise unknown_name("sampling", self.sampling, SAMPLING_CHOICES)
+        check_sampling(self.sampling)
         if self.auc_loss not in AUC_LOSSES:
             raise unknown_name("auc_loss", self.auc_loss, AUC_LOSSES)
         check_range("margin", self.margin, 0.0, None, low_inclusive=False)

@@ -59,7 +59,7 @@ from torch import Tensor
 
 from fedrisk.aggregators.base import Aggregator, Mean, Replies
 from fedrisk.algorithms.base import Algorithm, ClientResult, LocalData, RoundContext, RoundPlan
-from fedrisk.algorithms.local import SAMPLING_CHOICES, batch, sample_batches, supervised_objective
+from fedrisk.algorithms.local import batch, check_sampling, sample_batches, supervised_objective
 from fedrisk.autodiff import value_and_grad
 from fedrisk.errors import FedriskError, check_range, unknown_name
 from fedrisk.objectives.penalties import check_positive, huber_l2_grad, huber_l2_prox, l1_subgrad, project_l2_ball
@@ -149,11 +149,6 @@ def frpg_server_post(
     return v0 - (delta_server * (v0 - u0) + delta_server * u0 + g_sum) / (delta_server + alpha0 * beta)
 
 
-def _check_sampling(sampling: str) -> None:
-    if sampling not in SAMPLING_CHOICES:
-        raise unknown_name("sampling", sampling, SAMPLING_CHOICES)
-
-
 def _vec(t: Tree) -> Tensor:
     return tree_flatten_vector(t)
 
@@ -227,7 +222,7 @@ class FRPG(_ServerModel):
         if self.lipschitz_server is not None:
             check_positive("lipschitz_server", self.lipschitz_server)
         check_range("batch_size", self.batch_size, 1)
-        _check_sampling(self.sampling)
+        check_sampling(self.sampling)
 
     @property
     def l0(self) -> float:
@@ -380,7 +375,7 @@ class RSA(_BroadcastSGD):
         check_range("delta", self.delta, 0.0)
         check_range("delta_server", self.delta_server, 0.0)
         check_range("batch_size", self.batch_size, 1)
-        _check_sampling(self.sampling)
+        check_sampling(self.sampling)
 
     def step_size(self, ctx: RoundContext) -> float:
         return self.lr / math.sqrt(ctx.round + 1)
@@ -437,7 +432,7 @@ class RobustSGD(_BroadcastSGD):
         check_positive("lr", self.lr)
         check_range("delta", self.delta, 0.0)
         check_range("batch_size", self.batch_size, 1)
-        _check_sampling(self.sampling)
+        check_sampling(self.sampling)
         if self.lr_decay not in LR_DECAYS:
             raise unknown_name("lr_decay", self.lr_decay, LR_DECAYS)
 

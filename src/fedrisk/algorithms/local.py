@@ -32,13 +32,18 @@ Sampling = Literal["with_replacement", "shuffle"]
 SAMPLING_CHOICES = ("with_replacement", "shuffle")
 
 
+def check_sampling(sampling: str) -> None:
+    """Raise a FedriskError unless ``sampling`` is one of :data:`SAMPLING_CHOICES`."""
+    if sampling not in SAMPLING_CHOICES:
+        raise unknown_name("sampling", sampling, SAMPLING_CHOICES)
+
+
 def check_local_sgd(lr: float, local_steps: int, batch_size: int, sampling: str, clients_per_round: int | None) -> None:
     """Validate the hyper-parameters every local-SGD algorithm shares (raises FedriskError)."""
     check_range("lr", lr, 0.0, None, low_inclusive=False)
     check_range("local_steps", local_steps, 1)
     check_range("batch_size", batch_size, 1)
-    if sampling not in SAMPLING_CHOICES:
-        raise unknown_name("sampling", sampling, SAMPLING_CHOICES)
+    check_sampling(sampling)
     if clients_per_round is not None:
         check_range("clients_per_round", clients_per_round, 1)
 

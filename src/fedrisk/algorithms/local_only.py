@@ -43,9 +43,9 @@ import torch
 from fedrisk.aggregators.base import Replies
 from fedrisk.algorithms.base import Algorithm, ClientResult, FedInfo, LocalData, RoundContext, RoundPlan
 from fedrisk.algorithms.fedavg import FedAvg
-from fedrisk.algorithms.local import SAMPLING_CHOICES, sample_batches, sgd_steps, supervised_objective
+from fedrisk.algorithms.local import check_sampling, sample_batches, sgd_steps, supervised_objective
 from fedrisk.data.federation import Federation, Samples
-from fedrisk.errors import FedriskError, check_range, unknown_name
+from fedrisk.errors import FedriskError, check_range
 from fedrisk.objectives.supervised import LossFn
 from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree
@@ -88,8 +88,7 @@ class LocalOnly(Algorithm):
         check_range("lr", self.lr, 0.0, None, low_inclusive=False)
         check_range("local_steps", self.local_steps, 1)
         check_range("batch_size", self.batch_size, 1)
-        if self.sampling not in SAMPLING_CHOICES:
-            raise unknown_name("sampling", self.sampling, SAMPLING_CHOICES)
+        check_sampling(self.sampling)
 
     def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
         return {}

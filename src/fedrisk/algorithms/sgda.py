@@ -74,7 +74,7 @@ from fedrisk.algorithms.base import (
     RoundPlan,
     sample_clients,
 )
-from fedrisk.algorithms.local import SAMPLING_CHOICES, sample_batches
+from fedrisk.algorithms.local import check_sampling, sample_batches
 from fedrisk.algorithms.primal_dual import Directions, LocalWindow, extrapolate, local_sgda, tree_directions
 from fedrisk.autodiff import in_functorch_transform, value_and_grad
 from fedrisk.errors import FedriskError, check_int, check_range, unknown_name
@@ -202,8 +202,7 @@ class LocalSGDA(Algorithm):
         _positive("lr_dual", self.lr_dual)
         check_int("local_steps", self.local_steps, 1)
         check_int("batch_size", self.batch_size, 1)
-        if self.sampling not in SAMPLING_CHOICES:
-            raise unknown_name("sampling", self.sampling, SAMPLING_CHOICES)
+        check_sampling(self.sampling)
         if self.clients_per_round is not None:
             check_int("clients_per_round", self.clients_per_round, 1)
         if self.game not in GAMES:
