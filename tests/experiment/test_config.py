@@ -196,7 +196,7 @@ def test_ranges_name_key_value_and_allowed(tiny):
         "data.client_test_fraction = 1.5 is out of range; allowed: [0.0, 1.0)"
     )
     # the algorithm's own checks run up front, before any data is loaded
-    assert err(tiny, ["algorithm.lr=-0.1"]) == "[algorithm] fedavg: lr = -0.1 is out of range; allowed: (0.0, inf)"
+    assert err(tiny, ["algorithm.lr=-0.1"]) == "[algorithm] fedavg: lr = -0.1 is not allowed; it must be a number > 0"
     assert err(tiny, ["algorithm.weighting=size"]).startswith("[algorithm] fedavg: unknown weighting 'size'.")
     assert err(tiny, ["algorithm.server_momentum=1.0"]) == (
         "algorithm.server_momentum = 1.0 is out of range; allowed: [0.0, 1.0)"

@@ -80,13 +80,6 @@ class FedInfo:
         total = sum(self.client_sizes[k] for k in clients)
         return {k: self.client_sizes[k] / total for k in clients}
 
-    def positive_ratio(self, client: int | None = None) -> float:
-        """Fraction of label-1 samples on ``client`` (or pooled over all clients)."""
-        rows = self.class_counts if client is None else (self.class_counts[client],)
-        pos = sum(r[1] for r in rows if len(r) > 1)
-        tot = sum(sum(r) for r in rows)
-        return pos / tot if tot else float("nan")
-
 
 @dataclass(frozen=True)
 class RoundContext:

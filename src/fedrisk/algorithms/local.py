@@ -24,7 +24,7 @@ from torch import Tensor
 
 from fedrisk.algorithms.base import LocalData
 from fedrisk.autodiff import in_functorch_transform, value_and_grad
-from fedrisk.errors import FedriskError, check_range, unknown_name
+from fedrisk.errors import FedriskError, check_int, check_positive, unknown_name
 from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree, tree_map
 
@@ -40,12 +40,12 @@ def check_sampling(sampling: str) -> None:
 
 def check_local_sgd(lr: float, local_steps: int, batch_size: int, sampling: str, clients_per_round: int | None) -> None:
     """Validate the hyper-parameters every local-SGD algorithm shares (raises FedriskError)."""
-    check_range("lr", lr, 0.0, None, low_inclusive=False)
-    check_range("local_steps", local_steps, 1)
-    check_range("batch_size", batch_size, 1)
+    check_positive("lr", lr)
+    check_int("local_steps", local_steps, 1)
+    check_int("batch_size", batch_size, 1)
     check_sampling(sampling)
     if clients_per_round is not None:
-        check_range("clients_per_round", clients_per_round, 1)
+        check_int("clients_per_round", clients_per_round, 1)
 
 
 def sample_batches(

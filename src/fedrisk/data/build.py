@@ -175,10 +175,6 @@ def _split_client(s: Samples, fraction: float, seed: int, stratify: bool) -> tup
     return s.subset(keep), s.subset(held)
 
 
-def _positive_ratio(s: Samples) -> float:
-    return float(s.y.float().mean()) if len(s) else 0.0
-
-
 # ----------------------------------------------------------------------------- entry point
 
 
@@ -319,9 +315,9 @@ def build_federation(
             for k in range(num_clients)
         ]
     if classification and num_classes == 2:
-        info["positive_ratio"] = _positive_ratio(train)
-        info["client_positive_ratios"] = [_positive_ratio(c) for c in clients]
-        info["test_positive_ratio"] = _positive_ratio(test)
+        info["positive_ratio"] = train.positive_ratio
+        info["client_positive_ratios"] = [c.positive_ratio for c in clients]
+        info["test_positive_ratio"] = test.positive_ratio
     return Federation(
         name=f"{dataset}-{partition}-K{num_clients}",
         clients=clients,

@@ -47,6 +47,11 @@ class Samples:
     def __len__(self) -> int:
         return int(self.x.shape[0])
 
+    @property
+    def positive_ratio(self) -> float:
+        """The fraction of rows with label ``1`` (``0.0`` for an empty split)."""
+        return float((self.y == 1).float().mean()) if len(self) else 0.0
+
     def subset(self, index: Sequence[int] | Tensor) -> Samples:
         """The rows ``index`` (a list, array or tensor of row numbers)."""
         idx = torch.as_tensor(index, dtype=torch.long)

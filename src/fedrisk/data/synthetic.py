@@ -57,10 +57,6 @@ def _gen(seed: int, tag: str) -> torch.Generator:
     return torch.Generator().manual_seed(derive_seed(seed, tag))
 
 
-def _positive_ratios(parts: list[Samples]) -> list[float]:
-    return [float(p.y.float().mean()) if len(p) else 0.0 for p in parts]
-
-
 def _check_int(name: str, value: int, low: int) -> None:
     check_range(name, value, low, None)
 
@@ -160,8 +156,8 @@ def class_split_auc_federation(num_clients: int = 8, *, seed: int = 0, **options
         "partition": "class_disjoint",
         "seed": seed,
         "client_classes": [sorted(set(c.attrs["class"].tolist())) for c in clients],
-        "positive_ratio": float(ds.train.y.float().mean()),
-        "client_positive_ratios": _positive_ratios(clients),
+        "positive_ratio": ds.train.positive_ratio,
+        "client_positive_ratios": [c.positive_ratio for c in clients],
     }
     return Federation(
         f"synthetic_auc-class_disjoint-K{num_clients}",
@@ -354,7 +350,7 @@ def perm_two_cluster_federation(num_clients: int = 50, *, seed: int = 0, **optio
         "client_clusters": [int(k >= num_clients // 2) for k in range(num_clients)],
     }
     fed = _natural_federation(ds, num_clients, f"perm_synthetic-K{num_clients}", info)
-    fed.info["client_positive_ratios"] = _positive_ratios(fed.clients)
+    fed.info["client_positive_ratios"] = [c.positive_ratio for c in fed.clients]
     return fed
 
 
@@ -514,8 +510,8 @@ def multi_org_auc_federation(num_clients: int = 5, *, seed: int = 0, **options: 
         "partition": "by_attribute",
         "seed": seed,
         "organisations": ds.meta.attr_names["client"],
-        "positive_ratio": float(ds.train.y.float().mean()),
-        "client_positive_ratios": _positive_ratios(clients),
+        "positive_ratio": ds.train.positive_ratio,
+        "client_positive_ratios": [c.positive_ratio for c in clients],
         "bayes_auroc": ds.meta.notes["bayes_auroc"],
     }
     return Federation(
