@@ -286,6 +286,9 @@ class LocalSGDA(Algorithm):
     # -- server -------------------------------------------------------------------------
     def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
         y0 = self.init_dual(ctx.fed, tensor_leaves(params)[0])
+        if self.game == "quadratic":  # draw (and cache) A now: clients cannot draw it under vmap
+            (xv,) = tensor_leaves(params)
+            quadratic_matrix(self.quadratic_seed, y0.shape[-1], xv.shape[-1], xv.dtype)
         state = {"x": params, "y": y0}
         if self.uses_snapshot:
             state["snapshot"] = params
