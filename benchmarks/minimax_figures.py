@@ -4,6 +4,7 @@
     python benchmarks/minimax_figures.py fair runs/minimax_fmnist_fair_small docs/results/img/minimax_fmnist_fair.png
     python benchmarks/minimax_figures.py fair_groups runs/minimax_adult_fair docs/results/img/minimax_adult_fair.png
     python benchmarks/minimax_figures.py ncsc runs/minimax_ncsc_fig4_small docs/results/img/minimax_ncsc_fig4.png
+    python benchmarks/minimax_figures.py kappa runs/minimax_ncsc_kappa docs/results/img/minimax_ncsc_kappa.png
 
 ``wgan``: for every λ and algorithm, the (local lr, global lr) with the lowest mean final
 ``generator_error`` over seeds is kept (the paper's "best tuned"); curves are the mean ± sample std over
@@ -48,6 +49,8 @@ def series(runs: list, key: str, halve: bool = False) -> tuple[list[float], list
 
 def fmt(values: list[float], spec: str = ".2e", spec_std: str = ".1e") -> str:
     m = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{m:{spec}}"
     s = math.sqrt(sum((x - m) ** 2 for x in values) / max(len(values) - 1, 1))
     return f"{m:{spec}} ± {s:{spec_std}}"
 
@@ -81,7 +84,7 @@ def wgan(root: Path, png: Path) -> None:
             xs, mean, std = series(runs, "generator_error", halve)
             ax.plot(xs, mean, label=alg)
             # mean ± sample std over seeds; the lower edge clipped to the axis where mean − std ≤ 0
-            ax.fill_between(xs, [max(m - s, 1e-14) for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+            ax.fill_between(xs, [max(m - s, 1e-19) for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                             alpha=0.2)
 
             def at(t: int, runs=runs, halve=halve) -> str:
@@ -93,7 +96,7 @@ def wgan(root: Path, png: Path) -> None:
             cells = [at(100), at(250), at(500), fmt(final)]
             print(f"| {lam} | {alg} | {hyper} | {len(runs)} | " + " | ".join(cells) + " |")
         ax.set_yscale("log")
-        ax.set_ylim(1e-14, 10)
+        ax.set_ylim(1e-19, 10)
         ax.set_title(f"λ = {lam}")
         ax.set_xlabel("iteration (round; SAGDA: round / 2)")
         ax.set_ylabel("(μ − 0)² + (σ − 0.1)²")
@@ -153,7 +156,42 @@ def ncsc(root: Path, png: Path) -> None:
     fig.savefig(png, dpi=110)
 
 
+def kappa(root: Path, png: Path, eps: tuple[float, ...] = (1.0, 0.1, 0.01)) -> None:
+    """The condition-number sweep: ‖∇Φ‖ vs rounds per (algorithm, μ) and the rounds-to-ε table
+    (the first evaluated round at which the seed-mean ‖∇Φ‖ is ≤ ε; "–": not within the run)."""
+    pat = re.compile(r"^(\w+),.*algorithm\.quadratic_mu=([\d.e-]+)")
+    rows = []
+    for label, runs in groups(root).items():
+        m = pat.match(label)
+        if m:
+            rows.append((float(m.group(2)), m.group(1), runs))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    cols = " | ".join(f"first round ≤ {e:g}" for e in eps)
+    print(f"| algorithm | μ | seeds | ‖∇Φ‖ @0 | @100 | final | min over rounds | {cols} |")
+    print("|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(eps))
+    for mu, alg, runs in sorted(rows, key=lambda r: (-r[0], r[1])):
+        xs, mean, _ = series(runs, "grad_phi_norm")
+        ax.plot(xs, mean, label=f"{alg}, μ = {mu:g}", linestyle="-" if alg == "fessgda" else "--")
+
+        def at(t: int, runs=runs) -> str:
+            vals = [r["grad_phi_norm"] for run in runs for r in run.records if r["round"] == t]
+            return fmt(vals, ".3g", ".1g") if len(vals) == len(runs) else "–"
+
+        final = [run.records[-1]["grad_phi_norm"] for run in runs]
+        low = [min(r["grad_phi_norm"] for r in run.records) for run in runs]
+        hits = [next((str(x) for x, v in zip(xs, mean) if v <= e), "–") for e in eps]
+        cells = [at(0), at(100), fmt(final, ".3g", ".1g"), fmt(low, ".3g", ".1g"), *hits]
+        print(f"| {alg} | {mu:g} | {len(runs)} | " + " | ".join(cells) + " |")
+    ax.set_yscale("log")
+    ax.set_xlabel("round")
+    ax.set_ylabel("‖∇Φ(x)‖")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+
+
 if __name__ == "__main__":
     kind, root, png = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     groups_fair = lambda r, p: fair(r, p, "test_worst_group_accuracy")  # noqa: E731
-    {"wgan": wgan, "fair": fair, "fair_groups": groups_fair, "ncsc": ncsc}[kind](root, png)
+    {"wgan": wgan, "fair": fair, "fair_groups": groups_fair, "ncsc": ncsc, "kappa": kappa}[kind](root, png)
