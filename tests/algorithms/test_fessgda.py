@@ -3,6 +3,7 @@ messages, bad input, a short behavioural WGAN run."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -285,6 +286,10 @@ def test_group_ids_are_checked_before_the_run_whatever_the_executor(executor: st
     fed.clients[2].attrs["group"][0] = 0
     sim = Simulation(cls(model=model, game="fair_group", dual_dim=3, batch_size=4), fed, seed=0, executor=executor)
     sim.step()  # the valid ids run
+    # a client that no simulation checked (e.g. deployed) still refuses bad ids in its eager round
+    bad = dataclasses.replace(sim.data[1], attrs={"group": sim.data[1].attrs["group"] + 3})
+    with pytest.raises(FedriskError, match="the client's attribute 'group' has group ids from 3 to 5"):
+        sim.algorithm._check_data(bad, sim.info)
 
 
 def test_diverging_client_reply_names_the_round_and_the_variable() -> None:

@@ -76,7 +76,7 @@ from fedrisk.algorithms.base import (
 )
 from fedrisk.algorithms.local import check_sampling, sample_batches
 from fedrisk.algorithms.primal_dual import Directions, LocalWindow, extrapolate, flat_directions, local_sgda
-from fedrisk.autodiff import value_and_grad
+from fedrisk.autodiff import in_functorch_transform, value_and_grad
 from fedrisk.errors import FedriskError, check_int, check_range, unknown_name
 from fedrisk.objectives.minimax import (
     make_projection,
@@ -264,23 +264,28 @@ class LocalSGDA(Algorithm):
         """``fair_group``: every client has the attribute ``group_attr`` and its ids lie in
         ``[0, dual_dim)`` — checked once before the run, whatever the executor (eager, never
         inside ``vmap``)."""
+        for k, local in enumerate(data):
+            self._check_data(local, fed, k)
+
+    def _check_data(self, data: LocalData, fed: FedInfo, client: int | None = None) -> None:
+        """:meth:`check_data` for one client; in a round (e.g. a deployed client that no
+        simulation checked) the id range only when eager."""
         if self.game != "fair_group":
             return
-        for k, local in enumerate(data):
-            self._check_data(local, fed)
-            groups = local.attrs[self.group_attr][: int(local.size)]
-            if groups.numel() and (int(groups.min()) < 0 or int(groups.max()) >= self.dual_dimension(fed)):
-                raise FedriskError(
-                    f"game 'fair_group': client {k}'s attribute {self.group_attr!r} has group ids from "
-                    f"{int(groups.min())} to {int(groups.max())} but the simplex dimension dual_dim = {self.dual_dim}; "
-                    f"allowed ids: 0 .. {self.dual_dimension(fed) - 1} (set dual_dim to the number of groups)"
-                )
-
-    def _check_data(self, data: LocalData, fed: FedInfo) -> None:
-        if self.game == "fair_group" and self.group_attr not in data.attrs:
+        if self.group_attr not in data.attrs:
             raise FedriskError(
                 f"game 'fair_group': the data has no attribute {self.group_attr!r}; "
                 f"attributes: {', '.join(sorted(data.attrs)) or '(none)'} (set group_attr)"
+            )
+        if in_functorch_transform():  # no Python branching on values under vmap: checked before the run
+            return
+        groups = data.attrs[self.group_attr][: int(data.size)]
+        if groups.numel() and (int(groups.min()) < 0 or int(groups.max()) >= self.dual_dimension(fed)):
+            who = "the client's" if client is None else f"client {client}'s"
+            raise FedriskError(
+                f"game 'fair_group': {who} attribute {self.group_attr!r} has group ids from {int(groups.min())} to "
+                f"{int(groups.max())} but the simplex dimension dual_dim = {self.dual_dim}; "
+                f"allowed ids: 0 .. {self.dual_dimension(fed) - 1} (set dual_dim to the number of groups)"
             )
 
     # -- server -------------------------------------------------------------------------
