@@ -4,9 +4,10 @@
     python benchmarks/minimax_figures.py fair runs/minimax_fmnist_fair_small docs/results/img/minimax_fmnist_fair.png
     python benchmarks/minimax_figures.py fair_groups runs/minimax_adult_fair docs/results/img/minimax_adult_fair.png
     python benchmarks/minimax_figures.py ncsc runs/minimax_ncsc_fig4_small docs/results/img/minimax_ncsc_fig4.png
+    python benchmarks/minimax_figures.py kappa runs/minimax_ncsc_kappa docs/results/img/minimax_ncsc_kappa.png
 
 ``wgan``: for every λ and algorithm, the (local lr, global lr) with the lowest mean final
-``generator_error`` over seeds is kept (the paper's "best tuned"); curves are the mean (band: min-max) over
+``generator_error`` over seeds is kept (the paper's "best tuned"); curves are the mean ± sample std over
 seeds against iterations (SAGDA's two rounds per iteration halved).  ``fair``: mean ± std of
 ``test_accuracy`` and ``test_worst_class_accuracy`` against rounds for every configuration.
 Prints a Markdown table.
@@ -46,14 +47,10 @@ def series(runs: list, key: str, halve: bool = False) -> tuple[list[float], list
     return xs, mean, std
 
 
-def band(runs: list, key: str) -> tuple[list[float], list[float]]:
-    common = sorted(set.intersection(*({r["round"] for r in run.records if key in r} for run in runs)))
-    vals = [[next(r[key] for r in run.records if r["round"] == t) for run in runs] for t in common]
-    return [min(v) for v in vals], [max(v) for v in vals]
-
-
 def fmt(values: list[float], spec: str = ".2e", spec_std: str = ".1e") -> str:
     m = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{m:{spec}}"
     s = math.sqrt(sum((x - m) ** 2 for x in values) / max(len(values) - 1, 1))
     return f"{m:{spec}} ± {s:{spec_std}}"
 
@@ -76,18 +73,19 @@ def wgan(root: Path, png: Path) -> None:
             best[(lam, alg)] = (score, f"lr {m.group(3)}, η_g {m.group(4)}", runs)
     lams = sorted({k[0] for k in best})
     fig, axes = plt.subplots(1, len(lams), figsize=(5 * len(lams), 3.8), squeeze=False)
-    print("| λ | algorithm | best (local lr, global lr) | seeds | error @100 | error @200 | final error |")
-    print("|---:|---|---|---:|---:|---:|---:|")
+    print("| λ | algorithm | best (local lr, global lr) | seeds | error @100 | error @250 | error @500 | final error |")
+    print("|---:|---|---|---:|---:|---:|---:|---:|")
     for ax, lam in zip(axes[0], lams):
         for alg in ("fessgda", "fed_norm_sgda", "sagda"):
             if (lam, alg) not in best:
                 continue
             _, hyper, runs = best[(lam, alg)]
             halve = alg == "sagda"
-            xs, mean, _ = series(runs, "generator_error", halve)
-            lo, hi = band(runs, "generator_error")
+            xs, mean, std = series(runs, "generator_error", halve)
             ax.plot(xs, mean, label=alg)
-            ax.fill_between(xs, lo, hi, alpha=0.2)  # min-max over seeds (a ± std band is meaningless on a log axis)
+            # mean ± sample std over seeds; the lower edge clipped to the axis where mean − std ≤ 0
+            ax.fill_between(xs, [max(m - s, 1e-19) for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                            alpha=0.2)
 
             def at(t: int, runs=runs, halve=halve) -> str:
                 want = 2 * t if halve else t
@@ -95,9 +93,10 @@ def wgan(root: Path, png: Path) -> None:
                 return fmt(vals) if len(vals) == len(runs) else "–"
 
             final = [run.records[-1]["generator_error"] for run in runs]
-            print(f"| {lam} | {alg} | {hyper} | {len(runs)} | {at(100)} | {at(200)} | {fmt(final)} |")
+            cells = [at(100), at(250), at(500), fmt(final)]
+            print(f"| {lam} | {alg} | {hyper} | {len(runs)} | " + " | ".join(cells) + " |")
         ax.set_yscale("log")
-        ax.set_ylim(1e-14, 10)
+        ax.set_ylim(1e-19, 10)
         ax.set_title(f"λ = {lam}")
         ax.set_xlabel("iteration (round; SAGDA: round / 2)")
         ax.set_ylabel("(μ − 0)² + (σ − 0.1)²")
@@ -157,7 +156,42 @@ def ncsc(root: Path, png: Path) -> None:
     fig.savefig(png, dpi=110)
 
 
+def kappa(root: Path, png: Path, eps: tuple[float, ...] = (1.0, 0.1, 0.01)) -> None:
+    """The condition-number sweep: ‖∇Φ‖ vs rounds per (algorithm, μ) and the rounds-to-ε table
+    (the first evaluated round at which the seed-mean ‖∇Φ‖ is ≤ ε; "–": not within the run)."""
+    pat = re.compile(r"^(\w+),.*algorithm\.quadratic_mu=([\d.e-]+)")
+    rows = []
+    for label, runs in groups(root).items():
+        m = pat.match(label)
+        if m:
+            rows.append((float(m.group(2)), m.group(1), runs))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    cols = " | ".join(f"first round ≤ {e:g}" for e in eps)
+    print(f"| algorithm | μ | seeds | ‖∇Φ‖ @0 | @100 | final | min over rounds | {cols} |")
+    print("|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(eps))
+    for mu, alg, runs in sorted(rows, key=lambda r: (-r[0], r[1])):
+        xs, mean, _ = series(runs, "grad_phi_norm")
+        ax.plot(xs, mean, label=f"{alg}, μ = {mu:g}", linestyle="-" if alg == "fessgda" else "--")
+
+        def at(t: int, runs=runs) -> str:
+            vals = [r["grad_phi_norm"] for run in runs for r in run.records if r["round"] == t]
+            return fmt(vals, ".3g", ".1g") if len(vals) == len(runs) else "–"
+
+        final = [run.records[-1]["grad_phi_norm"] for run in runs]
+        low = [min(r["grad_phi_norm"] for r in run.records) for run in runs]
+        hits = [next((str(x) for x, v in zip(xs, mean) if v <= e), "–") for e in eps]
+        cells = [at(0), at(100), fmt(final, ".3g", ".1g"), fmt(low, ".3g", ".1g"), *hits]
+        print(f"| {alg} | {mu:g} | {len(runs)} | " + " | ".join(cells) + " |")
+    ax.set_yscale("log")
+    ax.set_xlabel("round")
+    ax.set_ylabel("‖∇Φ(x)‖")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+
+
 if __name__ == "__main__":
     kind, root, png = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     groups_fair = lambda r, p: fair(r, p, "test_worst_group_accuracy")  # noqa: E731
-    {"wgan": wgan, "fair": fair, "fair_groups": groups_fair, "ncsc": ncsc}[kind](root, png)
+    {"wgan": wgan, "fair": fair, "fair_groups": groups_fair, "ncsc": ncsc, "kappa": kappa}[kind](root, png)

@@ -3,6 +3,7 @@ messages, bad input, a short behavioural WGAN run."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -263,22 +264,41 @@ def test_simplex_dimension_must_match_the_classes_and_groups() -> None:
         Simulation(FESSGDA(model=model, dual_dim=3), fed, seed=0)
     with pytest.raises(FedriskError, match="needs dual_dim"):
         Simulation(FESSGDA(model=model, game="fair_group"), fed, seed=0)
-    sim = Simulation(FESSGDA(model=model, game="fair_group", dual_dim=2, batch_size=4), fed, seed=0)
-    with pytest.raises(FedriskError, match="group ids up to 2 but the simplex dimension dual_dim = 2"):
-        sim.step()
-    sim = Simulation(FESSGDA(model=model, game="fair_group", dual_dim=3, group_attr="sex"), fed, seed=0)
-    with pytest.raises(FedriskError, match="no attribute 'sex'; attributes: group"):
-        sim.step()
     with pytest.raises(FedriskError, match="discriminator has 2 parameters"):
         Simulation(FESSGDA(model=model, game="wgan", dual_dim=3), fed, seed=0)
 
 
-def test_divergence_names_the_round_and_the_variable() -> None:
+@pytest.mark.parametrize("executor", ["sequential", "vectorized"])
+@pytest.mark.parametrize("cls", [FESSGDA, SAGDA])
+def test_group_ids_are_checked_before_the_run_whatever_the_executor(executor: str, cls: type) -> None:
+    """Group ids >= dual_dim (or < 0) and a missing attribute are refused when the simulation is
+    built, before round 0 — also under vmap, where the clients' own check cannot run."""
+    model = FunctionalModel(build_model("logreg", (4,), 2))
+    fed = group_fed()
+    with pytest.raises(FedriskError, match=r"client 0's attribute 'group' has group ids from 0 to 2 but the simplex "
+                       r"dimension dual_dim = 2; allowed ids: 0 \.\. 1"):
+        Simulation(cls(model=model, game="fair_group", dual_dim=2, batch_size=4), fed, seed=0, executor=executor)
+    with pytest.raises(FedriskError, match="no attribute 'sex'; attributes: group"):
+        Simulation(cls(model=model, game="fair_group", dual_dim=3, group_attr="sex"), fed, seed=0, executor=executor)
+    fed.clients[2].attrs["group"][0] = -1
+    with pytest.raises(FedriskError, match="client 2's attribute 'group' has group ids from -1 to 2"):
+        Simulation(cls(model=model, game="fair_group", dual_dim=3, batch_size=4), fed, seed=0, executor=executor)
+    fed.clients[2].attrs["group"][0] = 0
+    sim = Simulation(cls(model=model, game="fair_group", dual_dim=3, batch_size=4), fed, seed=0, executor=executor)
+    sim.step()  # the valid ids run
+    # a client that no simulation checked (e.g. deployed) still refuses bad ids in its eager round
+    bad = dataclasses.replace(sim.data[1], attrs={"group": sim.data[1].attrs["group"] + 3})
+    with pytest.raises(FedriskError, match="the client's attribute 'group' has group ids from 3 to 5"):
+        sim.algorithm._check_data(bad, sim.info)
+
+
+def test_diverging_client_reply_names_the_round_and_the_variable() -> None:
     fed = build_federation("wgan_1d", "iid", 2, seed=0, dataset_options={"num_samples": 200})
     gen = FunctionalModel(build_model("affine_generator", (1,), 1))
     alg = FSGDA(model=gen, game="wgan", lr=50.0, global_lr=2.0, local_steps=5, batch_size=10, wgan_lambda=0.0)
     sim = Simulation(alg, fed, seed=0, dtype=F64)
-    with pytest.raises(FedriskError, match=r"diverged in round \d+: (x \(primal\)|y \(dual\)) became NaN/inf|NaN/inf"):
+    message = r"client 0 replied with NaN/inf values in round 1 .*first non-finite leaf: x\.mu\)"
+    with pytest.raises(FedriskError, match=message):
         for _ in range(200):
             sim.step()
 
@@ -300,6 +320,72 @@ def test_diverging_config_run_stops_naming_round_and_variable_and_keeps_its_chec
     ckpt = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
     assert ckpt["simulation"]["round"] == 5
     assert all(bool(torch.isfinite(v).all()) for v in tensor_leaves(ckpt["simulation"]["server_state"]))
+
+
+def test_diverging_server_state_stops_naming_round_and_variable_and_keeps_its_checkpoint(tmp_path: Any) -> None:
+    """The clients' replies stay finite; the server's smoothing step overflows x (c = η K p ≈ 1e99)."""
+    from fedrisk.experiment.config import resolve_config
+    from fedrisk.experiment.runner import load_checkpoint, run_experiment
+
+    raw = {
+        "data": {"dataset": "nc_sc_quadratic", "partition": "by_attribute", "num_clients": 5,
+                 "dataset_options": {"dim": D2, "samples_per_client": 20, "heterogeneity": 1.0, "noise_std": 0.3}},
+        "model": {"name": "vector", "num_outputs": D1, "init": 0.5},
+        "algorithm": {"name": "fessgda", "game": "quadratic", "dual_dim": D2, "quadratic_mu": 0.5, "lr": 0.05,
+                      "local_steps": 4, "batch_size": 5, "smoothing": 1e100, "beta": 0.5},
+        "run": {"rounds": 20, "splits": [], "dtype": "float64", "checkpoint_every": 1},
+        "output": {"plots": False},
+    }
+    with pytest.raises(FedriskError, match=r"fessgda diverged in round 4: x \(primal\) became NaN/inf"):
+        run_experiment(resolve_config(raw), tmp_path / "run", progress="none")
+    ckpt = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    assert ckpt["simulation"]["round"] == 4
+    state = ckpt["simulation"]["server_state"]
+    assert all(bool(torch.isfinite(v).all()) for v in tensor_leaves(state))
+    assert float(tensor_leaves(state["x"])[0].abs().max()) > 1e295  # the last good iterate, about to overflow
+
+
+def test_report_shows_the_game_metrics_without_being_asked(tmp_path: Any) -> None:
+    """``fedrisk report`` (no ``--metrics``) tabulates generator_error and grad_phi_norm, the best
+    value being the smallest, and prints tiny errors in scientific notation."""
+    from fedrisk.cli import main
+
+    wgan = {
+        "data": {"dataset": "wgan_1d", "num_clients": 2, "dataset_options": {"num_samples": 200}},
+        "model": {"name": "affine_generator"},
+        "algorithm": {"name": "fessgda", "game": "wgan", "lr": 0.1, "local_steps": 10, "batch_size": 100,
+                      "wgan_lambda": 0.01},
+        "run": {"rounds": 300, "eval_every": 100, "eval_at_start": True, "splits": [], "dtype": "float64",
+                "checkpoint_every": 0},
+        "output": {"plots": False},
+    }
+    quadratic = {
+        "data": {"dataset": "nc_sc_quadratic", "partition": "by_attribute", "num_clients": 5,
+                 "dataset_options": {"dim": D2, "samples_per_client": 20}},
+        "model": {"name": "vector", "num_outputs": D1, "init": 0.5},
+        "algorithm": {"name": "fsgda", "game": "quadratic", "dual_dim": D2, "lr": 0.05, "local_steps": 4,
+                      "batch_size": 5},
+        "run": {"rounds": 4, "eval_every": 2, "splits": [], "dtype": "float64", "checkpoint_every": 0},
+        "output": {"plots": False},
+    }
+    from fedrisk.experiment.config import resolve_config
+    from fedrisk.experiment.outputs import load_run
+    from fedrisk.experiment.runner import run_experiment
+
+    for name, raw in (("wgan", wgan), ("quadratic", quadratic)):
+        run_experiment(resolve_config(raw), tmp_path / name, progress="none")
+    runs = [str(tmp_path / "wgan"), str(tmp_path / "quadratic")]
+    assert main(["report", *runs, "--out", str(tmp_path), "--no-plots"]) == 0
+    text = (tmp_path / "report.md").read_text()
+    header = next(line for line in text.splitlines() if line.startswith("| configuration"))
+    for metric in ("generator_error", "grad_phi_norm"):
+        assert f"final {metric}" in header and f"best {metric}" in header
+    errors = [r["generator_error"] for r in load_run(tmp_path / "wgan").records]
+    assert errors[0] == pytest.approx(1.81) and errors[-1] < 1e-4  # converged: printed as x.xxe-yy
+    row = next(line for line in text.splitlines() if line.startswith("| fessgda"))
+    col = header.split("|").index(" final generator_error ")
+    assert row.split("|")[col].strip().startswith(f"{errors[-1]:.2e}")
+    assert row.split("|")[col + 1].strip().startswith(f"{min(errors):.2e}")  # best = the minimum
 
 
 def test_every_family_member_is_registered() -> None:

@@ -173,6 +173,10 @@ class Algorithm:
     def check(self, fed: FedInfo) -> None:
         """Validate the hyper-parameters against the federation; raise ``FedriskError``."""
 
+    def check_data(self, fed: FedInfo, data: Sequence[LocalData]) -> None:
+        """Validate every client's data once, before the first round and outside any ``vmap``
+        (e.g. the values of an attribute the objective indexes by); raise ``FedriskError``."""
+
     def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
         raise NotImplementedError
 

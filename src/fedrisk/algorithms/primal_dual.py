@@ -2,10 +2,11 @@ r"""The local primal-dual engine shared by the min-max families (CODA+/CODASCA, 
 
 Objective-free pure functions over ``(v, α)`` pytrees: a window of local stochastic gradient
 descent-ascent (:func:`local_sgda`), the control-variate updates of CODASCA's eqs. (6)-(7)
-(:func:`control_variate_difference`, :func:`control_variate_mean`) and the server's
-extrapolation step (:func:`extrapolate`).  The algorithm modules (``codasca.py``, ...) supply the
-stochastic directions of their objective through :data:`Directions` and keep the paper-specific
-schedule, variables and communication.
+(:func:`control_variate_difference`, :func:`control_variate_mean`), the server's
+extrapolation step (:func:`extrapolate`) and the adapters from a game's gradients to the
+engine's leaf-list :data:`Directions` (:func:`tree_directions`, :func:`flat_directions`).  The
+algorithm modules (``codasca.py``, ...) supply the stochastic directions of their objective
+through :data:`Directions` and keep the paper-specific schedule, variables and communication.
 
 Everything here is static-shaped tensor code, so it runs under ``torch.func.vmap``.
 """
@@ -27,6 +28,7 @@ __all__ = [
     "control_variate_difference",
     "control_variate_mean",
     "extrapolate",
+    "flat_directions",
     "local_sgda",
     "tree_directions",
 ]
@@ -179,6 +181,28 @@ def tree_directions(fn: Callable[[int, Tree, Tree], tuple[Tensor, Tree, Tree]], 
     def flat(t: int, xs: list[Tensor], ys: list[Tensor]) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         loss, g_v, g_a = fn(t, pytree.tree_unflatten(xs, v_spec), pytree.tree_unflatten(ys, a_spec))
         return loss, v_spec.flatten_up_to(g_v), a_spec.flatten_up_to(g_a)
+
+    return flat
+
+
+def flat_directions(fn: Callable[[int, Tree, Tensor], tuple[Tensor, Tree, Tensor]], x: Tree, y: Tensor) -> Directions:
+    """:func:`tree_directions` with a fast path for a flat dict ``x`` (every model's parameters)
+    and a tensor ``y``: no pytree work per local step (the Local SGDA family's directions).
+
+    Example:
+        >>> import torch
+        >>> game = lambda t, x, y: (y[0] * x["w"], {"w": y[0]}, x["w"])  # f = y w
+        >>> d = flat_directions(game, {"w": torch.ones(1)}, torch.ones(1))
+        >>> d(0, [torch.tensor([2.0])], [torch.tensor([3.0])])[1:]
+        ([tensor(3.)], [tensor([2.])])
+    """
+    if type(x) is not dict or not isinstance(y, Tensor) or not all(isinstance(v, Tensor) for v in x.values()):
+        return tree_directions(fn, x, y)
+    names = list(x)
+
+    def flat(t: int, xs: list[Tensor], ys: list[Tensor]) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        loss, gx, gy = fn(t, dict(zip(names, xs)), ys[0])
+        return loss, [gx[k] for k in names], [gy]
 
     return flat
 

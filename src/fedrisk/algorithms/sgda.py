@@ -57,7 +57,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -75,7 +75,7 @@ from fedrisk.algorithms.base import (
     sample_clients,
 )
 from fedrisk.algorithms.local import check_sampling, sample_batches
-from fedrisk.algorithms.primal_dual import Directions, LocalWindow, extrapolate, local_sgda, tree_directions
+from fedrisk.algorithms.primal_dual import Directions, LocalWindow, extrapolate, flat_directions, local_sgda
 from fedrisk.autodiff import in_functorch_transform, value_and_grad
 from fedrisk.errors import FedriskError, check_int, check_range, unknown_name
 from fedrisk.objectives.minimax import (
@@ -100,7 +100,6 @@ __all__ = [
     "LocalSGDA",
     "LocalSGDAPlus",
     "check_finite_state",
-    "flat_directions",
     "per_sample_cross_entropy",
     "quadratic_matrix",
 ]
@@ -126,29 +125,6 @@ def check_finite_state(name: str, round: int, state: Mapping[str, Any], what: Ma
                 f"{name} diverged in round {round}: {label} became NaN/inf; lower the learning rates "
                 "(the last good checkpoint is kept)"
             )
-
-
-def flat_directions(fn: Callable[[int, Tree, Tensor], tuple[Tensor, Tree, Tensor]], x: Tree, y: Tensor) -> Directions:
-    """:func:`~fedrisk.algorithms.primal_dual.tree_directions` with a fast path for a flat dict ``x``
-    (every model's parameters) and a tensor ``y``: no pytree work per local step.
-
-    Example:
-        >>> import torch
-        >>> game = lambda t, x, y: (y[0] * x["w"], {"w": y[0]}, x["w"])  # f = y w
-        >>> d = flat_directions(game, {"w": torch.ones(1)}, torch.ones(1))
-        >>> d(0, [torch.tensor([2.0])], [torch.tensor([3.0])])[1:]
-        ([tensor(3.)], [tensor([2.])])
-    """
-    if type(x) is not dict or not isinstance(y, Tensor) or not all(isinstance(v, Tensor) for v in x.values()):
-        return tree_directions(fn, x, y)
-    names = list(x)
-
-    def flat(t: int, xs: list[Tensor], ys: list[Tensor]) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        loss, gx, gy = fn(t, dict(zip(names, xs)), ys[0])
-        return loss, [gx[k] for k in names], [gy]
-
-    return flat
-
 
 
 def _positive(name: str, value: float | None) -> None:
@@ -284,24 +260,40 @@ class LocalSGDA(Algorithm):
         value, (gx, gy) = value_and_grad(lambda xy: self.objective(xy[0], xy[1], data, idx))((x, y))
         return value, gx, gy
 
-    def _check_data(self, data: LocalData, fed: FedInfo) -> None:
-        if self.game == "fair_group":
-            if self.group_attr not in data.attrs:
-                raise FedriskError(
-                    f"game 'fair_group': the data has no attribute {self.group_attr!r}; "
-                    f"attributes: {', '.join(sorted(data.attrs)) or '(none)'} (set group_attr)"
-                )
-            if not in_functorch_transform():
-                top = int(data.attrs[self.group_attr].max()) + 1 if data.attrs[self.group_attr].numel() else 0
-                if top > self.dual_dimension(fed):
-                    raise FedriskError(
-                        f"game 'fair_group': attribute {self.group_attr!r} has group ids up to {top - 1} but the "
-                        f"simplex dimension dual_dim = {self.dual_dim}; set dual_dim to the number of groups"
-                    )
+    def check_data(self, fed: FedInfo, data: Sequence[LocalData]) -> None:
+        """``fair_group``: every client has the attribute ``group_attr`` and its ids lie in
+        ``[0, dual_dim)`` — checked once before the run, whatever the executor (eager, never
+        inside ``vmap``)."""
+        for k, local in enumerate(data):
+            self._check_data(local, fed, k)
+
+    def _check_data(self, data: LocalData, fed: FedInfo, client: int | None = None) -> None:
+        """:meth:`check_data` for one client; in a round (e.g. a deployed client that no
+        simulation checked) the id range only when eager."""
+        if self.game != "fair_group":
+            return
+        if self.group_attr not in data.attrs:
+            raise FedriskError(
+                f"game 'fair_group': the data has no attribute {self.group_attr!r}; "
+                f"attributes: {', '.join(sorted(data.attrs)) or '(none)'} (set group_attr)"
+            )
+        if in_functorch_transform():  # no Python branching on values under vmap: checked before the run
+            return
+        groups = data.attrs[self.group_attr][: int(data.size)]
+        if groups.numel() and (int(groups.min()) < 0 or int(groups.max()) >= self.dual_dimension(fed)):
+            who = "the client's" if client is None else f"client {client}'s"
+            raise FedriskError(
+                f"game 'fair_group': {who} attribute {self.group_attr!r} has group ids from {int(groups.min())} to "
+                f"{int(groups.max())} but the simplex dimension dual_dim = {self.dual_dim}; "
+                f"allowed ids: 0 .. {self.dual_dimension(fed) - 1} (set dual_dim to the number of groups)"
+            )
 
     # -- server -------------------------------------------------------------------------
     def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
         y0 = self.init_dual(ctx.fed, tensor_leaves(params)[0])
+        if self.game == "quadratic":  # draw (and cache) A now: clients cannot draw it under vmap
+            (xv,) = tensor_leaves(params)
+            quadratic_matrix(self.quadratic_seed, y0.shape[-1], xv.shape[-1], xv.dtype)
         state = {"x": params, "y": y0}
         if self.uses_snapshot:
             state["snapshot"] = params

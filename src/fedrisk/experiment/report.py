@@ -17,8 +17,8 @@ tabulate final and best metrics as mean ± std over seeds, and plot one curve pe
 Example:
     >>> [round(v, 6) for v in mean_std([0.5, 0.7])]
     [0.6, 0.141421]
-    >>> format_mean_std([0.5, 0.7]), format_mean_std([0.5])
-    ('0.6000 ± 0.1414', '0.5000')
+    >>> format_mean_std([0.5, 0.7]), format_mean_std([0.5]), format_mean_std([5e-13, 6e-13])
+    ('0.6000 ± 0.1414', '0.5000', '5.50e-13 ± 7.1e-14')
 """
 
 from __future__ import annotations
@@ -66,10 +66,14 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
 
 
-def format_mean_std(values: Sequence[float], digits: int = 4) -> str:
+def format_mean_std(values: Sequence[float], digits: int = 4, scientific: bool = True) -> str:
+    """``mean ± std`` with ``digits`` decimals; with ``scientific``, a mean that would print as 0
+    (``0 < |mean| < 10^-digits / 2``, e.g. a game's ``generator_error`` of 5e-13) in scientific notation."""
     if not values:
         return "–"
     mean, std = mean_std(values)
+    if scientific and mean != 0 and abs(mean) < 0.5 * 10.0**-digits:
+        return f"{mean:.2e}" if len(values) == 1 else f"{mean:.2e} ± {std:.1e}"
     return f"{mean:.{digits}f}" if len(values) == 1 else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
@@ -148,7 +152,7 @@ def markdown_table(groups: Sequence[Group], metrics: Sequence[str]) -> str:
             bests = [v for v in (_best(r, m) for r in g.runs) if v is not None]
             row += [format_mean_std(finals), format_mean_std(bests)]
         comm = [(r.records[-1]["bytes_down"] + r.records[-1]["bytes_up"]) / MB for r in g.runs if r.records]
-        row.append(format_mean_std(comm, digits=2))
+        row.append(format_mean_std(comm, digits=2, scientific=False))
         unfinished = sum(not r.finished for r in g.runs)
         if unfinished:
             row[0] += f" ({unfinished} unfinished)"

@@ -45,7 +45,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +102,9 @@ class _Wrapped(Algorithm):
         if bad:
             raise FedriskError(f"faults name clients {[f.client for f in bad]}; the federation has {fed.num_clients}")
         self.inner.check(fed)
+
+    def check_data(self, fed: FedInfo, data: Sequence[LocalData]) -> None:
+        self.inner.check_data(fed, data)
 
     def init_params(self, gen: torch.Generator) -> Tree:
         return self.inner.init_params(gen)

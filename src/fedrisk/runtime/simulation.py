@@ -134,6 +134,7 @@ class Simulation:
         self.info = fed_info(self.federation)
         algorithm.check(self.info)
         self.data = [local_data(s) for s in self.federation.clients]
+        algorithm.check_data(self.info, self.data)
         self.executor = make_executor(executor)
         self.executor.prepare(algorithm, self.data)
         ctx = RoundContext(0, self.info, "init")
