@@ -77,7 +77,10 @@ def test_permutation_invariance(name: str, x: torch.Tensor, seed: int) -> None:
             return
         if len(set(torch.round(scores, decimals=9).tolist())) < x.shape[0]:
             return
-    assert torch.allclose(a, b, atol=1e-9), (a, b)
+    # the geometric median's distances come from a Gram matrix: a reply that z meets gets its weight
+    # from rounding (about 1e-8 x the spread) rather than from the eps = 1e-8 floor
+    atol = 1e-7 * (1 + float(x.abs().max())) if name == "geometric_median" else 1e-9
+    assert torch.allclose(a, b, atol=atol), (a, b)
 
 
 @pytest.mark.parametrize("name", list(RULES))

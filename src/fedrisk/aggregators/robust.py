@@ -156,18 +156,20 @@ def trimmed_mean(x: Tensor, f: int) -> Tensor:
 _BLOCK = 1 << 16  # columns per block of the centred Gram matrix
 
 
-def centred_gram(x: Tensor, center: Tensor) -> Tensor:
+def centred_gram(x: Tensor, center: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     """``G = (x - center)(x - center)^T`` as an ``(n, n)`` tensor, one matmul per block of
-    ``2^16`` columns (the centred ``(n, d)`` copy of ``x`` never exists as a whole).
+    ``2^16`` columns (the centred ``(n, d)`` copy of ``x`` never exists as a whole), in
+    ``dtype`` (default: ``x``'s).
 
     Example:
         >>> centred_gram(torch.tensor([[1.0, 2.0], [3.0, 2.0]]), torch.tensor([1.0, 2.0])).tolist()
         [[0.0, 0.0], [0.0, 4.0]]
     """
     n, d = x.shape
-    g = x.new_zeros(n, n)
+    dtype = x.dtype if dtype is None else dtype
+    g = torch.zeros(n, n, dtype=dtype)
     for j in range(0, d, _BLOCK):
-        b = x[:, j : j + _BLOCK] - center[j : j + _BLOCK]
+        b = (x[:, j : j + _BLOCK] - center[j : j + _BLOCK]).to(dtype)
         g.addmm_(b, b.T)
     return g
 
@@ -179,7 +181,7 @@ def _gram_sq_distances(g: Tensor) -> Tensor:
     return d
 
 
-def _medoid_gram(x: Tensor) -> tuple[int, Tensor]:
+def _medoid_gram(x: Tensor, dtype: torch.dtype | None = None) -> tuple[int, Tensor]:
     """``(m, G)``: a central row ``m`` and the Gram matrix of the rows centred at ``x_m``.
 
     The Gram identity ``|a|^2 + |b|^2 - 2 a.b`` cancels badly when ``|a|`` is large compared with
@@ -189,7 +191,7 @@ def _medoid_gram(x: Tensor) -> tuple[int, Tensor]:
     outliers are, and centring at it keeps the majority's distances precise.
     """
     m = int(_gram_sq_distances(x @ x.T).median(dim=1).values.argmin())
-    return m, centred_gram(x, x[m])
+    return m, centred_gram(x, x[m], dtype)
 
 
 def pairwise_sq_distances(x: Tensor) -> Tensor:
@@ -265,10 +267,12 @@ def geometric_median(
     ``max_iter`` steps.  Breakdown point 1/2.
 
     Every iterate is a convex combination ``z = sum_i a_i x_i`` of the replies, so the
-    iteration runs on the weights ``a`` (float64): with the Gram matrix ``G`` of the rows
-    centred at a central row ``x_m`` (:func:`centred_gram`), ``||x_i - z||^2 = G_ii - 2 (G a)_i +
-    a^T G a`` and a step's length is ``sqrt(da^T G da)``.  One Gram matrix (O(n^2 d)), O(n^2) per
-    iteration, and one pass ``z = a^T x`` at the end, instead of O(nd) per iteration.
+    iteration runs on the weights ``a``: with the float64 Gram matrix ``G`` of the rows centred
+    at a central row ``x_m`` (:func:`centred_gram`), ``||x_i - z||^2 = G_ii - 2 (G a)_i + a^T G a``
+    and a step's length is ``sqrt(da^T G da)``.  One Gram matrix (O(n^2 d)), O(n^2) per
+    iteration, and one pass ``z = a^T x`` at the end, instead of O(nd) per iteration.  Rounding
+    leaves an absolute error of about 1e-8 times the replies' spread in a distance, which
+    matters only for a reply that ``z`` meets, i.e. at the scale of the ``eps`` smoothing.
 
     Example:
         >>> x = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1e6, 1e6]], dtype=torch.float64)
@@ -278,8 +282,7 @@ def geometric_median(
     check_rows(x, "geometric_median")
     _check_weiszfeld(tol, max_iter, eps)
     n = x.shape[0]
-    m, g = _medoid_gram(x)
-    g = g.double()
+    m, g = _medoid_gram(x, torch.float64)
     diag = g.diagonal()
     xm = x[m].double()
     xm_sq = float(xm @ xm)
