@@ -72,8 +72,9 @@ def fmt(values: list[float], scale: float = 100.0) -> str:
     if not values:
         return "–"
     m = statistics.mean(values) * scale
-    s = statistics.stdev(values) * scale if len(values) > 1 else 0.0
-    return f"{m:.1f} ± {s:.1f}"
+    if len(values) == 1:
+        return f"{m:.1f}"
+    return f"{m:.1f} ± {statistics.stdev(values) * scale:.1f}"
 
 
 def first_round(records: list[dict], target: float) -> int | None:
