@@ -64,7 +64,7 @@ def tune_rsa(runs: dict[tuple[str, str], list[list[dict]]]) -> None:
         _, m = max(scored)
         runs[("rsa", a)] = runs[(m, a)]
         best.append(f"{a}: {m[4:]}")
-    LABELS["rsa"] = "RSA (tuned)"
+    LABELS["rsa"] = "RSA (tuned)" if len(grid) > 1 else f"RSA (lambda_R = {grid[0][4:]})"
     print("\nRSA (tuned) below uses, per attack, lambda_R = " + ", ".join(best) + ".\n")
 
 
