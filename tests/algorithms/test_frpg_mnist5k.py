@@ -13,23 +13,18 @@ import pytest
 
 from fedrisk.experiment.config import load_config
 from fedrisk.experiment.runner import build_simulation
+from fedrisk.experiment.sweep import expand_sweep
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "byzantine" / "mnist5k.toml"
 pytestmark = pytest.mark.slow
 
-VARIANTS = {
-    "frpg": [],
-    "lfrpg": ['algorithm.name="lfrpg"', "algorithm.local_slots_per_round=10"],
-    "sgd": ['algorithm.name="robust_sgd"', "algorithm.lr=3.0"],
-    "krum": ['algorithm.name="robust_sgd"', "algorithm.lr=3.0", 'algorithm.aggregator={name="krum", f=4}'],
-    "geomed": ['algorithm.name="robust_sgd"', "algorithm.lr=3.0", 'algorithm.aggregator="geometric_median"'],
-}
-
 
 def curve(variant: str, attack: str, rounds: int, every: int = 10) -> list[float]:
-    """Test accuracy of the server model every ``every`` rounds."""
-    cfg = load_config(CONFIG, [f'attack.name="{attack}"', *VARIANTS[variant]])
-    sim = build_simulation(cfg).simulation
+    """Test accuracy of the server model every ``every`` rounds, for one of the config's sweep variants."""
+    cfg = load_config(CONFIG)
+    variants = {variant: cfg["sweep.variants"][variant]}
+    (point,) = expand_sweep(cfg, "unused", grid={"attack.name": [attack]}, variants=variants, seeds=[0])
+    sim = build_simulation(point.config).simulation
     test = sim.federation.test
     out = []
     for r in range(1, rounds + 1):
