@@ -3,7 +3,9 @@
 The replies are n - f honest rows ``N(0, I)`` plus f Byzantine rows ``1e4 N(0, I)`` (the
 Gaussian attack of paper 002), float32 by default.  Each rule runs ``--repeat`` times; the table
 gives the median and the minimum seconds, the machine's load average before and after, and the
-torch thread count.
+torch thread count.  Wall time (``perf_counter``) and CPU time (``process_time``, summed over the
+process's threads) are both reported: on a shared machine the wall time grows with the other
+processes' load, the CPU time much less so.
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/robust_aggregators.py --n 100 --d 1000000 --f 20 --repeat 3
 
@@ -59,20 +61,31 @@ def main() -> None:
     load_before = os.getloadavg()
     print(f"n = {args.n}, d = {args.d}, f = {f}, {args.dtype}, torch threads = {torch.get_num_threads()}, "
           f"load average before = {load_before[0]:.2f}")
-    print("| rule | median s | min s | honest-normalised error |")
-    print("|---|---:|---:|---:|")
+    print("| rule | wall s (median) | wall s (min) | CPU s (median) | honest-normalised error |")
+    print("|---|---:|---:|---:|---:|")
     for name in chosen:
-        times = []
+        times, cpu = [], []
         out = None
         for _ in range(args.repeat):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             out = rules[name]()
             times.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
         # distance of the output from the honest mean, relative to sqrt(d) (honest rows have norm ~ sqrt(d))
         honest = x[: args.n - f].double().mean(0)
         err = float(torch.linalg.vector_norm(out.double() - honest)) / args.d**0.5 if out.dim() == 1 else float("nan")
-        print(f"| {name} | {statistics.median(times):.2f} | {min(times):.2f} | {err:.3g} |")
+        print(
+            f"| {name} | {statistics.median(times):.2f} | {min(times):.2f} "
+            f"| {statistics.median(cpu):.2f} | {err:.3g} |",
+            flush=True,
+        )
     print(f"load average after = {os.getloadavg()[0]:.2f}")
+    try:
+        import resource
+
+        print(f"peak resident memory = {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GB")
+    except ImportError:  # not on every platform
+        pass
 
 
 if __name__ == "__main__":

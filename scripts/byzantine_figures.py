@@ -4,8 +4,13 @@
 
 Reads ``<sweep>/<method>,attack.name=<attack>/seed=<s>/metrics.jsonl`` and prints Markdown:
 final / peak / worst-over-attacks test accuracy (mean +- std over seeds) and the communication
-rounds each method needs to first reach ``--target`` accuracy; writes accuracy-vs-round and
+rounds each method needs to first reach each ``--target`` accuracy; writes accuracy-vs-round and
 log-loss-vs-round figures (mean over seeds, min-max band) to ``docs/results/img/<name>_*.png``.
+
+RSA variants named ``rsa_<lambda_R>`` (a lambda_R grid) get their own table; "RSA (tuned)" is,
+per attack, the lambda_R with the best mean final accuracy.  When the runs recorded
+``accuracy_on:<classes>`` (the classes the reliable workers hold, spec P13) its final value is
+tabulated as well.
 """
 
 from __future__ import annotations
@@ -41,12 +46,35 @@ def load(sweep: Path) -> dict[tuple[str, str], list[list[dict]]]:
     return runs
 
 
+def tune_rsa(runs: dict[tuple[str, str], list[list[dict]]]) -> None:
+    """Print the lambda_R grid of RSA (``rsa_<lambda>`` variants) and add "rsa" = the best per attack."""
+    grid = sorted({m for m, _ in runs if m.startswith("rsa_")}, key=lambda m: float(m[4:]))
+    if not grid:
+        return
+    attacks = [a for a in ATTACKS if any((m, a) in runs for m in grid)]
+    print("### RSA: final test accuracy (%) for each lambda_R, mean ± std over seeds\n")
+    print("| lambda_R | " + " | ".join(attacks) + " |")
+    print("|---:|" + "---:|" * len(attacks))
+    for m in grid:
+        print(f"| {m[4:]} | " + " | ".join(fmt([r[-1]["test_accuracy"] for r in runs.get((m, a), [])]) for a in attacks)
+              + " |")
+    best = []
+    for a in attacks:
+        scored = [(statistics.mean(r[-1]["test_accuracy"] for r in runs[(m, a)]), m) for m in grid if (m, a) in runs]
+        _, m = max(scored)
+        runs[("rsa", a)] = runs[(m, a)]
+        best.append(f"{a}: {m[4:]}")
+    LABELS["rsa"] = "RSA (tuned)" if len(grid) > 1 else f"RSA (lambda_R = {grid[0][4:]})"
+    print("\nRSA (tuned) below uses, per attack, lambda_R = " + ", ".join(best) + ".\n")
+
+
 def fmt(values: list[float], scale: float = 100.0) -> str:
     if not values:
         return "–"
     m = statistics.mean(values) * scale
-    s = statistics.stdev(values) * scale if len(values) > 1 else 0.0
-    return f"{m:.1f} ± {s:.1f}"
+    if len(values) == 1:
+        return f"{m:.1f}"
+    return f"{m:.1f} ± {statistics.stdev(values) * scale:.1f}"
 
 
 def first_round(records: list[dict], target: float) -> int | None:
@@ -57,10 +85,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sweep", type=Path)
     ap.add_argument("--name", default="byzantine_digits")
-    ap.add_argument("--target", type=float, default=0.7)
+    ap.add_argument("--target", type=float, nargs="+", default=[0.7])
     ap.add_argument("--img", type=Path, default=Path("docs/results/img"))
     args = ap.parse_args()
     runs = load(args.sweep)
+    tune_rsa(runs)
     methods = [m for m in METHODS if any((m, a) in runs for a in ATTACKS)]
     attacks = [a for a in ATTACKS if any((m, a) in runs for m in METHODS)]
 
@@ -84,16 +113,33 @@ def main() -> None:
         cells = [fmt([max(r["test_accuracy"] for r in recs) for recs in runs.get((m, a), [])]) for a in attacks]
         print(f"| {LABELS.get(m, m)} | " + " | ".join(cells) + " |")
 
-    target = f"{100 * args.target:.0f}%"
-    print(f"\n### Communication rounds to first reach {target} test accuracy (per seed; – = not reached)\n")
-    print("| method | " + " | ".join(attacks) + " |")
-    print("|---|" + "---|" * len(attacks))
-    for m in methods:
-        cells = []
-        for a in attacks:
-            hits = [first_round(recs, args.target) for recs in runs.get((m, a), [])]
-            cells.append(", ".join("–" if h is None else str(h) for h in hits) or "–")
-        print(f"| {LABELS.get(m, m)} | " + " | ".join(cells) + " |")
+    subset = next((k for recs in runs.values() for k in recs[0][-1] if k.startswith("test_accuracy_on:")), None)
+    if subset:
+        classes = subset.split(":", 1)[1]
+        print(f"\n### Final test accuracy (%) on the classes {classes} only, mean ± std over seeds\n")
+        print("| method | " + " | ".join(attacks) + " | worst over attacks |")
+        print("|---|" + "---:|" * (len(attacks) + 1))
+        for m in methods:
+            cells, means = [], []
+            for a in attacks:
+                finals = [recs[-1][subset] for recs in runs.get((m, a), []) if subset in recs[-1]]
+                cells.append(fmt(finals))
+                if finals:
+                    means.append(statistics.mean(finals))
+            worst = f"{100 * min(means):.1f}" if means else "–"
+            print(f"| {LABELS.get(m, m)} | " + " | ".join(cells) + f" | {worst} |")
+
+    for tgt in args.target:
+        target = f"{100 * tgt:.0f}%"
+        print(f"\n### Communication rounds to first reach {target} test accuracy (per seed; – = not reached)\n")
+        print("| method | " + " | ".join(attacks) + " |")
+        print("|---|" + "---|" * len(attacks))
+        for m in methods:
+            cells = []
+            for a in attacks:
+                hits = [first_round(recs, tgt) for recs in runs.get((m, a), [])]
+                cells.append(", ".join("–" if h is None else str(h) for h in hits) or "–")
+            print(f"| {LABELS.get(m, m)} | " + " | ".join(cells) + " |")
 
     import matplotlib
 

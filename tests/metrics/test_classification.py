@@ -330,3 +330,18 @@ def test_bad_inputs_raise_fedrisk_error(call, fragments: list[str]) -> None:
         call()
     for fragment in fragments:
         assert fragment in str(info.value), str(info.value)
+
+
+def test_accuracy_on_classes_and_its_config_name() -> None:
+    from fedrisk.metrics import accuracy_on_classes, parse_metric
+
+    scores = np.eye(10)[[0, 1, 9, 8, 3]]  # predictions 0, 1, 9, 8, 3
+    labels = [0, 1, 2, 9, 3]
+    assert accuracy_on_classes(scores, labels, classes=range(8)) == pytest.approx(3 / 4)  # 9 is not counted
+    assert parse_metric("accuracy_on:0-7")(scores, labels) == pytest.approx(3 / 4)
+    assert parse_metric("accuracy_on:0,2-3")(scores, labels) == pytest.approx(2 / 3)
+    assert parse_metric("accuracy_on:9")(scores, labels) == 0.0
+    assert math.isnan(accuracy_on_classes(scores, labels, classes=[5]))
+    for bad in ("accuracy_on:7-3", "accuracy_on:", "accuracy_on:a-b", "accuracy_on:-1"):
+        with pytest.raises(FedriskError, match="class ids >= 0"):
+            parse_metric(bad)

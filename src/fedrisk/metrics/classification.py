@@ -43,6 +43,7 @@ __all__ = [
     "LOG_LOSS_EPS",
     "METRICS",
     "accuracy",
+    "accuracy_on_classes",
     "auprc",
     "auroc",
     "group_accuracies",
@@ -200,6 +201,41 @@ def accuracy(scores_or_preds: ArrayLike, labels: ArrayLike, *, threshold: float 
     """
     pred, y, _ = _predictions(scores_or_preds, labels, threshold, "accuracy")
     return float(np.mean(pred == y))
+
+
+def accuracy_on_classes(
+    scores_or_preds: ArrayLike, labels: ArrayLike, classes: Sequence[int], *, threshold: float = 0.0
+) -> float:
+    """:func:`accuracy` over the samples whose label is in ``classes`` (``nan`` if there are none).
+
+    A prediction outside ``classes`` counts as wrong.  Byzantine experiments report it for the
+    classes the reliable workers hold (spec 002, P13): ``"accuracy_on:0-7"`` in a config.
+
+    Example:
+        >>> accuracy_on_classes([0, 1, 9, 8], [0, 1, 2, 9], classes=range(8))
+        0.6666666666666666
+    """
+    pred, y, _ = _predictions(scores_or_preds, labels, threshold, "accuracy_on_classes")
+    keep = np.isin(y, np.asarray(list(classes), dtype=np.int64))
+    return float(np.mean(pred[keep] == y[keep])) if keep.any() else math.nan
+
+
+def _parse_classes(text: str, name: str) -> list[int]:
+    """``"0-7"`` or ``"0,2,5"`` (or a mix, ``"0-3,8"``) as a sorted list of class ids."""
+    out: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, dash, hi = part.strip().partition("-")
+            first, last = int(lo), int(hi) if dash else int(lo)
+            if first < 0 or last < first:
+                raise ValueError
+            out.update(range(first, last + 1))
+    except ValueError:
+        raise FedriskError(
+            f"metric {name!r}: expected class ids >= 0 after ':' as ranges or a comma list, "
+            "e.g. 'accuracy_on:0-7' or 'accuracy_on:0,2,5'"
+        ) from None
+    return sorted(out)
 
 
 def per_class_accuracy(
@@ -512,7 +548,7 @@ METRICS.add("auroc", auroc, "area under the ROC curve (ties count 1/2)")
 METRICS.add("auprc", auprc, "average precision (area under the precision-recall curve)")
 METRICS.add("log_loss", log_loss, "mean cross-entropy of probabilities, clipped at 1e-15")
 
-_PARAMETRISED = ("pauroc:<max_fpr>", "spauroc:<max_fpr>", "tpauroc:<max_fpr>,<min_tpr>")
+_PARAMETRISED = ("accuracy_on:<classes>", "pauroc:<max_fpr>", "spauroc:<max_fpr>", "tpauroc:<max_fpr>,<min_tpr>")
 
 
 def _parse_floats(text: str, count: int, name: str) -> list[float]:
@@ -532,7 +568,8 @@ def _parse_floats(text: str, count: int, name: str) -> list[float]:
 def parse_metric(name: str) -> Callable[[ArrayLike, ArrayLike], float]:
     """The metric function ``f(scores, labels) -> float`` named ``name``.
 
-    ``name`` is one of :data:`METRICS`' names, ``"pauroc:<max_fpr>"`` (unstandardised
+    ``name`` is one of :data:`METRICS`' names, ``"accuracy_on:<classes>"`` (:func:`accuracy_on_classes`,
+    e.g. ``"accuracy_on:0-7"``), ``"pauroc:<max_fpr>"`` (unstandardised
     :func:`partial_auroc`, e.g. ``"pauroc:0.3"``), ``"spauroc:<max_fpr>"`` (McClish-standardised, as
     scikit-learn's ``roc_auc_score(max_fpr=...)`` and FeDXL's tables) or ``"tpauroc:<max_fpr>,<min_tpr>"``
     (:func:`two_way_partial_auroc`, e.g. ``"tpauroc:0.5,0.5"``).
@@ -546,6 +583,8 @@ def parse_metric(name: str) -> Callable[[ArrayLike, ArrayLike], float]:
         if name in METRICS:
             return METRICS.get(name)
         raise unknown_name("metric", name, [*METRICS.names(), *_PARAMETRISED])
+    if kind == "accuracy_on":
+        return functools.partial(accuracy_on_classes, classes=_parse_classes(arg, name))
     if kind == "pauroc":
         (max_fpr,) = _parse_floats(arg, 1, name)
         _check_max_fpr(max_fpr, f"metric {name!r}")
@@ -559,4 +598,4 @@ def parse_metric(name: str) -> Callable[[ArrayLike, ArrayLike], float]:
         _check_max_fpr(max_fpr, f"metric {name!r}")
         check_range(f"metric {name!r}: min_tpr", min_tpr, 0.0, 1.0, high_inclusive=False)
         return functools.partial(two_way_partial_auroc, max_fpr=max_fpr, min_tpr=min_tpr)
-    raise unknown_name("metric kind", kind, ["pauroc", "spauroc", "tpauroc"])
+    raise unknown_name("metric kind", kind, ["accuracy_on", "pauroc", "spauroc", "tpauroc"])
