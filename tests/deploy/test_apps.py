@@ -143,6 +143,25 @@ def test_a_restarted_supernode_is_found_again_with_its_state(app, tmp_path):
     assert len(handshakes) == 4  # two nodes at the start, two after the restart
 
 
+def test_a_supernode_restarted_after_the_message_was_sent_gets_it_again(app, tmp_path):
+    cfg = config()
+    moved = []
+
+    def restart(m):  # client 1's node stops after round 1's message was pushed, and comes back
+        if m.metadata.dst_node_id == 1007 and m.metadata.group_id == "1" and not moved:
+            moved.append(m)
+            grid.nodes[4242] = grid.nodes.pop(1007)
+        return None
+
+    grid = FakeGrid(app(cfg), nodes(tmp_path, 2), restart)
+    seq = build_simulation(cfg).simulation
+    dep = build_simulation(cfg, executor=executor(grid, cfg)).simulation
+    for _ in range(3):
+        seq.step()
+        assert dep.step().failed == {}
+    assert same(seq.server_state, dep.server_state) and moved
+
+
 @pytest.mark.parametrize("fault", ["unavailable", "silent", "error"])
 def test_error_replies_and_silent_nodes_follow_the_failure_policy(fault, app, tmp_path):
     def inject(m):

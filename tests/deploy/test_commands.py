@@ -79,9 +79,10 @@ def test_certificates_and_node_keys_are_what_flower_reads(tmp_path: Path) -> Non
         (["deploy", "run", "{config}", "--superlink", "nohost"], "address 'nohost' is not allowed; allowed: HOST:PORT"),
         (["deploy", "supernode", "{config}", "--partition", "3", "--print"], "partition 3 is out of range"),
         (["deploy", "superlink", "--tls", "{tmp}/none", "--print"], "ca.crt"),
+        (["deploy", "superlink", "--node-auth", "--print"], "node authentication needs TLS"),
         (["deploy", "supernode", "{config}", "--partition", "0", "--auth-key", "{tmp}/k", "--print"], "node key"),
     ],
-    ids=["unreachable", "address", "partition", "tls-files", "node-key"],
+    ids=["unreachable", "address", "partition", "tls-files", "node-auth-without-tls", "node-key"],
 )
 def test_bad_input_is_a_clear_error(argv, message, config: Path, tmp_path: Path, capsys) -> None:
     argv = [a.format(config=config, tmp=tmp_path) for a in argv]

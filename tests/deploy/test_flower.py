@@ -101,8 +101,9 @@ def test_tls_federation(tmp_path):
 @pytest.mark.slow
 def test_node_authentication(tmp_path):
     cfg = config(rounds=1)
-    with LocalFederation(2, tmp_path / "fed", node_auth=True) as fed:
-        run_deployed(cfg, fed.superlink, tmp_path / "run", wait=WAIT)
+    certs = make_certificates(tmp_path / "certs")  # Flower 1.41: node authentication needs TLS
+    with LocalFederation(2, tmp_path / "fed", tls=certs, node_auth=True) as fed:
+        run_deployed(cfg, fed.superlink, tmp_path / "run", tls=certs, wait=WAIT)
         assert len(fed.keys) == 2
     assert same(deployed_model(tmp_path / "run"), sequential_model(cfg))
 
@@ -110,12 +111,13 @@ def test_node_authentication(tmp_path):
 @pytest.mark.slow
 def test_node_authentication_refuses_an_unregistered_node(tmp_path):
     cfg = config(rounds=1, num_clients=2)
-    with LocalFederation(1, tmp_path / "fed", node_auth=True) as fed:
+    certs = make_certificates(tmp_path / "certs")
+    with LocalFederation(1, tmp_path / "fed", tls=certs, node_auth=True) as fed:
         fed.node_auth = False  # the second node starts without a registered key
         fed.num_nodes = 2
         fed.start_node(1)
         with pytest.raises(DeployFailed, match=r"1 SuperNode\(s\) connected"):
-            run_deployed(cfg, fed.superlink, tmp_path / "run", connect_timeout=20.0, wait=WAIT)
+            run_deployed(cfg, fed.superlink, tmp_path / "run", tls=certs, connect_timeout=20.0, wait=WAIT)
 
 
 @pytest.mark.slow

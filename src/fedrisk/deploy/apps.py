@@ -55,6 +55,9 @@ DEFAULT_STATE_DIR = "~/.fedrisk/node-state"
 POLL_SECONDS = 0.2
 """How often the ServerApp asks the SuperLink for replies (Flower's ``send_and_receive``: 3 s)."""
 HANDSHAKE = "fedrisk.handshake"
+NODE_UNAVAILABLE = 5
+"""Flower's error code (``flwr.common.constant.ErrorCode``) of a reply the SuperLink writes for a
+node that went offline (heartbeats missed, or the node stopped) before answering."""
 
 
 def load_app_config(path: str | Path) -> Any:
@@ -103,13 +106,14 @@ class FlowerExecutor(MessageExecutor):
                 time.sleep(POLL_SECONDS)
         return [replies.get(i) for i in ids]
 
-    def connect(self) -> dict[int, int]:
+    def connect(self, lost: frozenset[int] = frozenset()) -> dict[int, int]:
         """The handshake: ``{node id: client id}`` once every client has a node (see
-        :mod:`fedrisk.deploy.handshake`); raises a :class:`FedriskError` naming what is wrong."""
+        :mod:`fedrisk.deploy.handshake`), leaving out the ``lost`` node ids; raises a
+        :class:`FedriskError` naming what is wrong."""
         end = time.monotonic() + self.connect_timeout
         nodes: list[int] = []
         while time.monotonic() < end:
-            nodes = sorted(self.grid.get_node_ids())
+            nodes = sorted(n for n in self.grid.get_node_ids() if n not in lost)
             if len(nodes) >= self.num_clients:
                 break
             time.sleep(POLL_SECONDS)
@@ -142,16 +146,28 @@ class FlowerExecutor(MessageExecutor):
         connected = set(self.grid.get_node_ids())
         if not self.node_of or any(self.node_of[k] not in connected for k in requests):
             self.connect()  # the first round, or a SuperNode restarted (a new node id): handshake again
-        messages, clients = [], []
-        for k, (kind, content) in requests.items():
-            messages.append(Message(content, self.node_of[k], kind, group_id=str(ctx.round), ttl=self.timeout))
-            clients.append(k)
+        replies = self._round(requests, list(requests), ctx)
+        lost = [k for k, r in replies.items() if r is not None and r.has_error() and r.error.code == NODE_UNAVAILABLE]
+        if lost:  # a node went away after the message was sent: once it is back (restarted), send again
+            try:
+                self.connect(frozenset(self.node_of[k] for k in lost))
+            except FedriskError:
+                pass  # not back: the error replies go to the failure policy
+            else:
+                replies.update(self._round(requests, lost, ctx))
         out: dict[int, Any] = {}
-        for k, reply in zip(clients, self._send(messages, self.timeout)):
+        for k, reply in replies.items():
             if reply is None:
                 continue  # silent: MessageExecutor names it
             out[k] = f"{reply.error.code}: {reply.error.reason}" if reply.has_error() else reply.content
         return out
+
+    def _round(self, requests: Mapping[int, tuple[str, Any]], clients: list[int], ctx: Any) -> dict[int, Any]:
+        messages = [
+            Message(requests[k][1], self.node_of[k], requests[k][0], group_id=str(ctx.round), ttl=self.timeout)
+            for k in clients
+        ]
+        return dict(zip(clients, self._send(messages, self.timeout)))
 
 
 def server_main(grid: Grid, context: Context, config_path: str | Path) -> None:

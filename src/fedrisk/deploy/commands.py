@@ -127,6 +127,11 @@ def superlink_command(
 ) -> list[str]:  # fmt: skip
     """The ``flower-superlink`` command line (one HTTP port for the Fleet, Control and ServerApp APIs)."""
     host, port = split_address(address)
+    if node_auth and tls is None:
+        raise FedriskError(
+            "node authentication needs TLS (flower-superlink 1.41 refuses --enable-supernode-auth without "
+            "certificates): give --tls DIR from `fedrisk deploy certs DIR`"
+        )
     cmd = [executable("flower-superlink"), "--host", host, "--port", str(port)]
     files = _tls_files(tls, CA_CERT, SERVER_CERT, SERVER_KEY)
     if files:
@@ -444,7 +449,17 @@ class LocalFederation:
         try:
             cmd = superlink_command(self.superlink, tls=self.tls, node_auth=self.node_auth)
             self.link = self._spawn(cmd, "superlink.log")
-            check_reachable(self.superlink, wait=self.start_timeout)
+            end = time.monotonic() + self.start_timeout
+            while True:
+                if self.link.poll() is not None:
+                    raise FedriskError(f"the SuperLink stopped at start:\n{self.log()[-1500:]}")
+                try:
+                    check_reachable(self.superlink)
+                    break
+                except FedriskError:
+                    if time.monotonic() > end:
+                        raise
+                    time.sleep(0.2)
             for i in range(self.num_nodes):
                 self.start_node(i)
         except BaseException:
