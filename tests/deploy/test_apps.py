@@ -66,10 +66,13 @@ class FakeGrid:
             m.metadata.__dict__["_message_id"] = mid
             self.sent.append(m)
             ids.append(mid)
+            node_config = self.nodes.get(m.metadata.dst_node_id)
             fault = self.fault(m)
             if fault == "silent":
                 continue
-            if fault == "unavailable" or m.metadata.dst_node_id not in self.nodes:
+            if fault == "lost-reply":  # the node finishes the round (its state is saved), the reply is lost
+                self.app(_copy(m), Context(7, m.metadata.dst_node_id, node_config, RecordDict(), {}))
+            if fault in ("unavailable", "lost-reply") or m.metadata.dst_node_id not in self.nodes:
                 self.ready[mid] = Message(Error(NODE_UNAVAILABLE, "node is offline"), reply_to=m)
                 continue
             received = _copy(m)
@@ -143,14 +146,19 @@ def test_a_restarted_supernode_is_found_again_with_its_state(app, tmp_path):
     assert len(handshakes) == 4  # two nodes at the start, two after the restart
 
 
-def test_a_supernode_restarted_after_the_message_was_sent_gets_it_again(app, tmp_path):
+def test_a_supernode_restarted_after_the_message_was_sent_gets_it_again_and_starts_from_the_state_before(
+    app, tmp_path
+):
     cfg = config()
     moved = []
 
-    def restart(m):  # client 1's node stops after round 1's message was pushed, and comes back
+    def restart(m):  # client 1's node finishes round 1, stops before its reply leaves, and comes back
         if m.metadata.dst_node_id == 1007 and m.metadata.group_id == "1" and not moved:
             moved.append(m)
-            grid.nodes[4242] = grid.nodes.pop(1007)
+            grid.nodes[4242] = grid.nodes[1007]
+            return "lost-reply"
+        if moved and m.metadata.dst_node_id == 1007:  # the handshake after the restart: the old id is gone
+            grid.nodes.pop(1007, None)
         return None
 
     grid = FakeGrid(app(cfg), nodes(tmp_path, 2), restart)

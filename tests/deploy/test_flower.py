@@ -1,13 +1,14 @@
 """fedrisk on a real Flower deployment: a SuperLink and SuperNodes on 127.0.0.1 (free ports picked at
 run time), the ServerApp / ClientApp of :mod:`fedrisk.deploy.apps` submitted with ``flwr run``.
 
-Default tier: the smoke test (2 SuperNodes, SCAFFOLD; final model equal to the sequential
-executor's bit for bit), a failing ServerApp turning into :class:`DeployFailed`, an unreachable
-SuperLink.  Slow tier: TLS, node authentication, a SuperNode restart in the middle of a run.
+Default tier: the smoke test through ``fedrisk deploy run`` (2 SuperNodes, SCAFFOLD; final model
+equal to the sequential executor's bit for bit), a failing ServerApp making the command exit 1,
+an unreachable SuperLink.  Slow tier: TLS, node authentication, a SuperNode restart in the middle of a run.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 
 pytest.importorskip("flwr", reason="the flower extra (scripts/setup.sh installs it)")
 
+from fedrisk.cli import main
 from fedrisk.deploy.commands import (
     DeployFailed,
     LocalFederation,
@@ -64,20 +66,25 @@ def federation(tmp_path_factory):
         yield fed
 
 
-def test_two_supernodes_end_with_the_sequential_model_bit_for_bit(federation, tmp_path):
+def test_two_supernodes_end_with_the_sequential_model_bit_for_bit(federation, tmp_path, capsys):
     cfg = config()
-    run = run_deployed(cfg, federation.superlink, tmp_path / "run", wait=WAIT)
-    assert run.status == "finished:completed"
+    (tmp_path / "exp.toml").write_text(cfg.to_toml())
+    argv = ["deploy", "run", str(tmp_path / "exp.toml"), "--superlink", federation.superlink]
+    assert main([*argv, "--out", str(tmp_path / "run")]) == 0
+    assert f"outputs in {tmp_path / 'run'}: config.toml" in capsys.readouterr().out
     assert same(deployed_model(tmp_path / "run"), sequential_model(cfg))
     assert {"config.toml", "metrics.jsonl", "summary.json"} <= {p.name for p in (tmp_path / "run").iterdir()}
     # each node kept its client's SCAFFOLD state on its own disk
     assert all(list((federation.root / f"node-{i}").rglob(f"client-{i}.pt")) for i in range(2))
 
 
-def test_a_failing_serverapp_is_a_failed_command(federation, tmp_path):
+def test_a_failing_serverapp_is_a_failed_command(federation, tmp_path, capsys):
     cfg = config(num_clients=3)  # three clients, two SuperNodes: the handshake fails in the ServerApp
-    with pytest.raises(DeployFailed, match=r"finished:failed.*2 SuperNode\(s\) connected.*3 clients"):
-        run_deployed(cfg, federation.superlink, tmp_path / "run", connect_timeout=1.0, wait=WAIT)
+    (tmp_path / "exp.toml").write_text(cfg.to_toml())
+    argv = ["deploy", "run", str(tmp_path / "exp.toml"), "--superlink", federation.superlink]
+    # `flwr run` itself returns 0 here; fedrisk reads the final status
+    assert main([*argv, "--out", str(tmp_path / "run"), "--connect-timeout", "1"]) == 1
+    assert re.search(r"finished:failed.*2 SuperNode\(s\) connected.*3 clients", capsys.readouterr().err)
 
 
 def test_an_unreachable_superlink_is_a_clear_error(tmp_path):

@@ -29,6 +29,17 @@ and personal weights survive a SuperNode restart; an exception becomes Flower's 
 Flower polls: a SuperNode asks the SuperLink for work every 3 s when idle and starts a fresh
 ClientApp process per message; fedrisk's own reply loop (:meth:`FlowerExecutor.exchange`) polls
 every :data:`POLL_SECONDS` instead of the 3 s of ``Grid.send_and_receive``.
+
+Example:
+    >>> import tempfile
+    >>> from fedrisk.deploy.commands import write_app
+    >>> from fedrisk.experiment import resolve_config
+    >>> cfg = resolve_config({"data": {"dataset": "digits", "num_clients": 2}})
+    >>> app_dir = write_app(tempfile.mkdtemp(), cfg.to_toml(), "demo")
+    >>> sorted(p.name for p in app_dir.iterdir())
+    ['experiment.toml', 'fedrisk_app.py', 'pyproject.toml']
+    >>> isinstance(FedriskClientApp(app_dir / "experiment.toml"), ClientApp)
+    True
 """
 
 from __future__ import annotations
@@ -221,7 +232,7 @@ class FedriskClientApp(ClientApp):
         if kind == message_type(ACTION, "query"):
             return self.handshake(message, context)
         if kind == "train" or kind.startswith("train."):
-            return self.train(message, context)  # type: ignore[call-arg]
+            return self.train_round(message, context)
         raise FedriskError(f"fedrisk's ClientApp got a {kind!r} message; it answers train[.<kind>] and handshakes")
 
     def handshake(self, message: Message, context: Context) -> Message:
@@ -230,7 +241,7 @@ class FedriskClientApp(ClientApp):
         answer = {k: v for k, v in answer.items() if v is not None}  # a ConfigRecord carries no None
         return Message(RecordDict({HANDSHAKE: ConfigRecord(answer)}), reply_to=message)
 
-    def train(self, message: Message, context: Context) -> Message:  # type: ignore[override]
+    def train_round(self, message: Message, context: Context) -> Message:
         content = node_round(self.config_path, message.content, context.node_config, context.run_id)
         return Message(content, reply_to=message)
 
@@ -242,6 +253,8 @@ def node_round(config_path: str | Path, content: Any, node_config: Mapping[str, 
 
     The store's key is the config fingerprint and Flower's run id: a SuperNode restarted during a
     run finds its clients' states; a new run of the same config starts from the initial states.
+    A round the node already finished (sent again after a restart: its reply was lost) starts
+    from the state kept before it.
     """
     import torch
 
@@ -264,6 +277,8 @@ def node_round(config_path: str | Path, content: Any, node_config: Mapping[str, 
     store = ClientStateStore(Path(str(node_config.get(STATE_DIR, "") or DEFAULT_STATE_DIR)).expanduser())
     key = f"{experiment}-run{run_id}"
     kept = store.load(key, meta.client)
+    if kept is not None and kept[0] >= meta.round:  # the round is sent again after a restart
+        kept = store.load_before(key, meta.client, meta.round)
     state = sim.client_states[meta.client] if kept is None else kept[1]
     reply, new_state, _ = client_round(sim.algorithm, sim.info, content, state, sim.data[meta.client])
     store.save(key, meta.client, meta.round, new_state)
