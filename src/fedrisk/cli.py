@@ -7,6 +7,7 @@
                   [--jobs J] [--out DIR] [--plain | --quiet]
     fedrisk report RUN_DIR... [--out DIR] [--metrics m1,m2] [--no-plots]
     fedrisk list [KIND [NAME]]
+    fedrisk deploy certs | node-key | register | superlink | supernode | run ...   (fedrisk.deploy.cli)
 
 User errors (a bad config value, a name that does not exist, a run directory in the wrong
 state) print ``error: <message>`` and exit with status 2, never with a traceback.  A run
@@ -98,9 +99,16 @@ def run_table(summary: dict[str, Any], path: Path) -> str:
     lines += [
         "",
         f"communicated: {summary['bytes_down'] / 1e6:.2f} MB down, {summary['bytes_up'] / 1e6:.2f} MB up",
-        f"outputs in {path}: config.toml metrics.jsonl summary.json partition.json checkpoint.pt plots/",
+        outputs_line(path),
     ]
     return "\n".join(lines)
+
+
+def outputs_line(path: Path) -> str:
+    """``outputs in DIR: ...``, with ``tensorboard/`` and ``mlruns/`` when the run tracked to them."""
+    extra = [f"{d}/" for d in ("tensorboard", "mlruns") if (Path(path) / d).is_dir()]
+    files = "config.toml metrics.jsonl summary.json partition.json checkpoint.pt plots/"
+    return " ".join([f"outputs in {path}: {files}", *extra])
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -374,6 +382,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kind", nargs="?", metavar="KIND", help=", ".join(KINDS))
     p.add_argument("name", nargs="?", metavar="NAME", help="show the config keys of one component")
     p.set_defaults(func=cmd_list)
+
+    from fedrisk.deploy.cli import add_parser as add_deploy  # stdlib only: no torch, no flwr
+
+    add_deploy(sub)
     return parser
 
 

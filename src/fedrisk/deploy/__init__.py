@@ -18,11 +18,17 @@ Flower's messages.  What exists so far:
 * :mod:`fedrisk.deploy.state`: the node-local store that keeps each client's state across
   SuperNode restarts (keyed by experiment fingerprint and client id).
 
-Not yet here: the Flower ServerApp / ClientApp objects and their main loops, ``fedrisk deploy``
-and the loopback SuperLink test (issue 12).
+* :mod:`fedrisk.deploy.apps`: the Flower ServerApp (handshake, then
+  :func:`~fedrisk.experiment.runner.run_experiment` with a Grid executor) and ClientApp (``draw`` +
+  ``client_update`` with the node-local state store).
+* :mod:`fedrisk.deploy.commands` / :mod:`fedrisk.deploy.cli`: ``fedrisk deploy`` (certificates,
+  node keys, SuperLink / SuperNode command lines, ``run`` with a non-zero exit when the ServerApp
+  fails) and :class:`~fedrisk.deploy.commands.LocalFederation` (a SuperLink and SuperNodes on
+  127.0.0.1 for tests and benchmarks).
 
-Nothing here imports ``flwr`` at import time; a function that needs it and does not find it
-raises a :class:`~fedrisk.errors.FedriskError` naming the extra.
+Nothing here but :mod:`fedrisk.deploy.apps` (the Flower app itself) imports ``flwr`` at import
+time; a function that needs it and does not find it raises a
+:class:`~fedrisk.errors.FedriskError` naming the extra.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fedrisk.errors import FedriskError
-from fedrisk.experiment.checkpoint import load_newest, previous_path, write_checkpoint
+from fedrisk.experiment.checkpoint import CheckpointError, load_newest, previous_path, read_checkpoint, write_checkpoint
 
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -70,3 +70,27 @@ class ClientStateStore:
                 f"{payload.get('experiment')!r}, not client {client} of {experiment!r}; remove the file"
             )
         return int(payload["round"]), payload["state"]
+
+    def load_before(self, experiment: str, client: int, round: int) -> tuple[int, Any] | None:
+        """``(round, state)`` of the newest kept state from a round before ``round`` (the newest file
+        or the previous one), or None: what a node starts from when ``round`` is sent again (after
+        a restart, the node may have finished it without its reply reaching the server).
+
+        Example:
+            >>> import tempfile
+            >>> store = ClientStateStore(tempfile.mkdtemp())
+            >>> store.save("e", 0, 3, "after 3"); store.save("e", 0, 4, "after 4")
+            >>> store.load_before("e", 0, 4), store.load_before("e", 0, 5), store.load_before("e", 0, 2)
+            ((3, 'after 3'), (4, 'after 4'), None)
+        """
+        path = self.path(experiment, client)
+        for candidate in (path, previous_path(path)):
+            if not candidate.exists():
+                continue
+            try:
+                payload = read_checkpoint(candidate)
+            except CheckpointError:
+                continue
+            if payload.get("experiment") == experiment and payload.get("client") == client and payload["round"] < round:
+                return int(payload["round"]), payload["state"]
+        return None

@@ -555,6 +555,7 @@ def run_experiment(
     stream: TextIO | None = None,
     label: str = "",
     seed: int | None = None,
+    executor: Executor | None = None,
 ) -> RunResult:
     """Run ``cfg`` into ``out`` (default ``output.dir`` or ``runs/<config name>``).
 
@@ -567,6 +568,7 @@ def run_experiment(
         stream: where progress goes (default standard error).
         label: a prefix for the progress line.
         seed: the run seed (default ``run.seed`` / the single entry of ``run.seeds``).
+        executor: an executor object instead of ``run.executor`` (e.g. fedrisk.deploy's Flower executor).
 
     Raises:
         FedriskError: bad input (the directory, the checkpoint, the config).
@@ -576,7 +578,7 @@ def run_experiment(
     if cfg["run.seeds"] or cfg["run.seed"] != seed:
         cfg = cfg.with_overrides({"run.seed": seed, "run.seeds": []})
     rd = RunDir(out if out is not None else default_out_dir(cfg))
-    executor = make_executor(cfg["run.executor"])
+    executor = make_executor(executor if executor is not None else cfg["run.executor"])
     # the run directory is decided (and the checkpoint read) once, by the primary process
     ckpt = executor.run_on_primary(lambda: _prepare_dir(rd, cfg, resume=resume, overwrite=overwrite))
 
