@@ -15,7 +15,7 @@ float32). ``--per-round`` clients take part in each round (0 = all).
         --stores memory disk --rounds 3 --per-round 100 --json runs/client_states.json
 
 A cell over 3 GB (10,000 SCAFFOLD clients in memory) must run alone on a shared machine, e.g.
-under ``flock /work/wt/bigmem.lock`` (see docs/reliability.md).
+under a machine-wide ``flock`` (see docs/reliability.md).
 """
 
 from __future__ import annotations
