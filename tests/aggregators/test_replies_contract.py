@@ -70,3 +70,12 @@ def test_trees_that_differ_are_summed_one_by_one() -> None:
     weighted = r.sum("x", {0: 1.0, 1: 0.5})
     assert weighted[0].tolist() == [2.5] and weighted[1].item() == 4.0
     assert r.mean("x", {0: 1.0, 1: 1.0})[0].tolist() == [2.0]
+
+
+def test_float64_replies_reduce_in_float64() -> None:
+    f64 = torch.float64
+    trees = [{"w": torch.tensor([1.0, 1e-17], dtype=f64)}, {"w": torch.tensor([2.0, 0.0], dtype=f64)}]
+    out = stacked_weighted_sum(trees, [1.0, 0.1])
+    assert out["w"].dtype == torch.float64 and out["w"].tolist() == [1.0 + 0.1 * 2.0, 1e-17]
+    assert stacked_weighted_sum([{"n": torch.tensor([1])}, {"n": torch.tensor([2])}]) is None  # integer leaves
+
