@@ -7,7 +7,8 @@ Phases of :func:`fedrisk.experiment.checkpoint.write_checkpoint`:
 * ``prev_kept``: the current newest file is linked to ``checkpoint.pt.prev``, the new one not
   yet renamed over ``checkpoint.pt``;
 * ``replaced``: the new file is in place, the directory not yet fsync'd;
-* ``torn``: half of the new file is written to the temporary file (a kill mid-write).
+* ``torn``: the new file's manifest line and half of its first payload block are written to
+  the temporary file (a kill mid-write).
 """
 
 from __future__ import annotations
@@ -52,26 +53,12 @@ class KillingOS:
             die()
 
 
-def torn_encode(original: Any, nth: int) -> Any:
-    count = [0]
-
-    def encode(payload: Any, **manifest: Any) -> bytes:
-        data = original(payload, **manifest)
-        count[0] += 1
-        if count[0] == nth:
-            return _TornBytes(data)
-        return data
-
-    return encode
-
-
-class _TornBytes(bytes):
-    """Writing this to a file writes half of it and then kills the process."""
-
-
 class TornFile:
-    def __init__(self, fh: Any) -> None:
-        self.fh = fh
+    """The new checkpoint file of the ``nth`` write: its first payload block is written half,
+    then the process is killed (its manifest line, the first write, is complete)."""
+
+    def __init__(self, fh: Any, torn: bool) -> None:
+        self.fh, self.torn, self.calls = fh, torn, 0
 
     def __enter__(self) -> TornFile:
         return self
@@ -80,7 +67,8 @@ class TornFile:
         self.fh.close()
 
     def write(self, data: bytes) -> int:
-        if isinstance(data, _TornBytes):
+        self.calls += 1
+        if self.torn and self.calls == 2:
             self.fh.write(data[: len(data) // 2])
             self.fh.flush()
             die()
@@ -93,12 +81,13 @@ class TornFile:
 if __name__ == "__main__":
     phase, nth, args = sys.argv[1], int(sys.argv[2]), sys.argv[4:]
     if phase == "torn":
-        ck.encode = torn_encode(ck.encode, nth)
         real_fdopen = os.fdopen
+        opened = [0]
 
         class TornOS(KillingOS):
             def fdopen(self, fd: int, *a: Any, **k: Any) -> TornFile:
-                return TornFile(real_fdopen(fd, *a, **k))
+                opened[0] += 1
+                return TornFile(real_fdopen(fd, *a, **k), torn=opened[0] == nth)
 
         ck.os = TornOS("none", nth)
     else:

@@ -29,10 +29,10 @@ WRITER = Path(__file__).resolve().parent / "_killed_writer.py"
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and SIGKILL (Linux)")
 
 
-def _config(tiny: dict, tmp_path: Path) -> tuple[dict, Path]:
+def _config(tiny: dict, tmp_path: Path, client_states: str = "memory") -> tuple[dict, Path]:
     # partial participation: the client sampling stream must be restored too
     tiny["algorithm"].update({"name": "scaffold", "clients_per_round": 2, "local_steps": 5})
-    tiny["run"].update({"rounds": 8, "checkpoint_every": 1, "eval_every": 1})
+    tiny["run"].update({"rounds": 8, "checkpoint_every": 1, "eval_every": 1, "client_states": client_states})
     return tiny, write_config(tmp_path / "kill.toml", tiny)
 
 
@@ -83,8 +83,8 @@ def _kill_at_random(config: Path, out: Path, rng: random.Random) -> None:
         proc.wait()
 
 
-def _kill_and_resume(tiny: dict, tmp_path: Path, seed: int, kills: int) -> None:
-    tiny, config = _config(tiny, tmp_path)
+def _kill_and_resume(tiny: dict, tmp_path: Path, seed: int, kills: int, client_states: str = "memory") -> None:
+    tiny, config = _config(tiny, tmp_path, client_states)
     out = tmp_path / "killed"
     rng = random.Random(seed)
     for _ in range(kills):
@@ -93,11 +93,24 @@ def _kill_and_resume(tiny: dict, tmp_path: Path, seed: int, kills: int) -> None:
             break
     if RunDir(out).status() != "finished":
         _finish(config, out)
+    tiny["run"]["client_states"] = "memory"  # the reference keeps its states in memory
     assert without_time(records(out)) == _reference(tiny, tmp_path)
 
 
 def test_sigkill_at_random_moments_then_resume_is_exact(tiny, tmp_path):
     _kill_and_resume(tiny, tmp_path, seed=0, kills=2)
+
+
+def test_sigkill_with_client_states_on_disk_then_resume_is_exact(tiny, tmp_path):
+    """run.client_states = "disk": the killed run's state files move on past its checkpoint;
+    the resume restores the checkpoint's snapshot."""
+    _kill_and_resume(tiny, tmp_path, seed=1, kills=2, client_states="disk")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(3))
+def test_sigkill_with_client_states_on_disk_full(tiny, tmp_path, seed):
+    _kill_and_resume(tiny, tmp_path, seed=10 + seed, kills=5, client_states="disk")
 
 
 @pytest.mark.slow

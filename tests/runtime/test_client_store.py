@@ -1,10 +1,14 @@
 """Client states on disk (``Simulation(..., client_store=FOLDER)``): the same numbers as in
 memory, bit for bit, under the sequential and the vectorised executor; only clients that took
-part get a file; a checkpoint of a disk-backed run resumes; files are read without running code."""
+part get a file; a checkpoint of a disk-backed run is a snapshot of linked files (per-file
+SHA-256 manifest) and resumes exactly; damaged files are named; files are read without running
+code."""
 
 from __future__ import annotations
 
+import hashlib
 import io
+import os
 import sys
 from pathlib import Path
 
@@ -45,6 +49,8 @@ def test_disk_states_equal_memory_states(executor: str, tmp_path: Path) -> None:
 
 
 def test_disk_run_checkpoint_resumes(tmp_path: Path) -> None:
+    """A checkpoint of a disk store is a snapshot of linked files (no state in the payload); a
+    run resumed from it in the same folder, after the folder moved on by a round, is exact."""
     full = _sim("sequential", tmp_path / "a")
     for _ in range(4):
         full.step()
@@ -53,12 +59,56 @@ def test_disk_run_checkpoint_resumes(tmp_path: Path) -> None:
         first.step()
     buf = io.BytesIO()
     torch.save(first.state_dict(), buf)
-    resumed = _sim("sequential", tmp_path / "c")
-    resumed.load_state_dict(torch.load(io.BytesIO(buf.getvalue()), weights_only=True))
+    first.step()  # the folder moves on past the checkpoint, as a killed run leaves it
+    state = torch.load(io.BytesIO(buf.getvalue()), weights_only=True)
+    assert set(state["client_states"]) == {"store", "snapshot", "sha256"}  # linked, not loaded
+    resumed = _sim("sequential", tmp_path / "b")
+    resumed.load_state_dict(state)
     for _ in range(2):
         resumed.step()
     C.assert_same(full.server_state, resumed.server_state, rtol=0.0, atol=0.0)
     C.assert_same(dict(full.client_states), dict(resumed.client_states), rtol=0.0, atol=0.0)
+
+
+def test_snapshot_files_are_links_and_survive_later_rounds(tmp_path: Path) -> None:
+    sim = _sim("sequential", tmp_path)
+    sim.step()
+    ref = sim.client_states.snapshot()
+    snap = tmp_path / "snapshots" / ref["snapshot"]
+    k = sorted(ref["sha256"])[0]
+    assert os.path.samefile(snap / f"client-{k}.pt", tmp_path / f"client-{k}.pt")  # a link: no copy, no load
+    before = (snap / f"client-{k}.pt").read_bytes()
+    for _ in range(3):
+        sim.step()
+        sim.client_states[k] = {"control": {n: v + 1 for n, v in sim.client_states[k]["control"].items()}}
+    assert (snap / f"client-{k}.pt").read_bytes() == before
+    sim.client_states.prune([ref["snapshot"]])
+    assert sim.client_states.snapshots() == [ref["snapshot"]]
+    sim.client_states.prune([])
+    assert sim.client_states.snapshots() == []
+
+
+def test_damaged_snapshot_or_state_file_is_named(tmp_path: Path) -> None:
+    sim = _sim("sequential", tmp_path)
+    sim.step()
+    state = sim.state_dict()
+    ref = state["client_states"]
+    first, second = sorted(ref["sha256"])[:2]
+    memory = _sim("sequential", None)
+    with pytest.raises(FedriskError, match="keeps its client states on disk"):
+        memory.load_state_dict(state)
+
+    def damage(p: Path) -> None:  # a new file: the other link stays intact
+        data = p.read_bytes()
+        p.unlink()
+        p.write_bytes(data[:-5])
+
+    damage(tmp_path / f"client-{second}.pt")
+    with pytest.raises(FedriskError, match=rf"cannot read the state of client {second} .*SHA-256"):
+        sim.client_states[second]
+    damage(tmp_path / "snapshots" / ref["snapshot"] / f"client-{first}.pt")
+    with pytest.raises(FedriskError, match=rf"state of client {first} .* is corrupted"):
+        _sim("sequential", tmp_path).load_state_dict(state)
 
 
 def test_store_refuses_unsafe_files_and_bad_ids(tmp_path: Path) -> None:
@@ -69,6 +119,7 @@ def test_store_refuses_unsafe_files_and_bad_ids(tmp_path: Path) -> None:
             return (Path.touch, (tmp_path / "ran",))
 
     torch.save({"x": Evil()}, store.path(1))
+    store.digests[1] = hashlib.sha256(store.path(1).read_bytes()).hexdigest()  # as if fedrisk had written it
     with pytest.raises(FedriskError, match=r"cannot read the state of client 1"):
         store[1]
     assert not (tmp_path / "ran").exists()

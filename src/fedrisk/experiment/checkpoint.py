@@ -90,11 +90,31 @@ def previous_path(path: str | Path) -> Path:
 
 def encode(payload: Any, **manifest: Any) -> bytes:
     """Magic line + manifest line (SHA-256 and length of the payload, plus ``manifest``) + payload."""
-    buf = io.BytesIO()
-    torch.save(payload, buf)
-    body = buf.getvalue()
-    head = {"version": MANIFEST_VERSION, "sha256": hashlib.sha256(body).hexdigest(), "bytes": len(body), **manifest}
-    return MAGIC + json.dumps(head, sort_keys=True).encode() + b"\n" + body
+    out = io.BytesIO()
+    write_encoded(out, payload, **manifest)
+    return out.getvalue()
+
+
+BLOCK = 1 << 20
+"""Bytes read or copied at a time: a checkpoint is hashed and copied as a stream, so that
+writing or reading it never holds a second copy of the states in memory."""
+
+
+def write_encoded(fh: Any, payload: Any, **manifest: Any) -> None:
+    """Write what :func:`encode` returns to the binary file ``fh``, streaming: ``torch.save``
+    into an unnamed temporary file, hashed and copied block by block after the manifest line."""
+    with tempfile.TemporaryFile() as body:
+        torch.save(payload, body)
+        length = body.tell()
+        body.seek(0)
+        digest = hashlib.sha256()
+        for block in iter(lambda: body.read(BLOCK), b""):
+            digest.update(block)
+        head = {"version": MANIFEST_VERSION, "sha256": digest.hexdigest(), "bytes": length, **manifest}
+        fh.write(MAGIC + json.dumps(head, sort_keys=True).encode() + b"\n")
+        body.seek(0)
+        for block in iter(lambda: body.read(BLOCK), b""):
+            fh.write(block)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -133,11 +153,10 @@ def write_checkpoint(path: str | Path, payload: Any, **manifest: Any) -> None:
     replaces a good previous one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = encode(payload, **manifest)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            write_encoded(fh, payload, **manifest)
             fh.flush()
             os.fsync(fh.fileno())
         if path.is_file() and verify(path) is None:
@@ -153,38 +172,97 @@ def write_checkpoint(path: str | Path, payload: Any, **manifest: Any) -> None:
 # ----------------------------------------------------------------------------- reading
 
 
-def _split(path: Path, data: bytes) -> tuple[dict[str, Any], bytes]:
-    """The manifest and the payload of ``data``, checked; raises CheckpointError naming the reason."""
-    if not data.startswith(MAGIC):
-        if len(data) < len(MAGIC) and MAGIC.startswith(data):
-            raise CheckpointError(f"{path} is truncated ({len(data)} bytes)")
+def _check(path: Path, fh: Any) -> tuple[dict[str, Any], int]:
+    """The manifest and the payload's offset in the open file ``fh``, checked (length and
+    SHA-256, streaming); raises CheckpointError naming the reason."""
+    start = fh.read(len(MAGIC))
+    if start != MAGIC:
+        if len(start) < len(MAGIC) and MAGIC.startswith(start):
+            raise CheckpointError(f"{path} is truncated ({len(start)} bytes)")
         raise CheckpointError(f"{path} is not a fedrisk checkpoint (it does not start with {MAGIC[:-1].decode()!r})")
-    end = data.find(b"\n", len(MAGIC), len(MAGIC) + MAX_MANIFEST_BYTES)
-    if end < 0:
+    line = fh.readline(MAX_MANIFEST_BYTES)
+    if not line.endswith(b"\n"):
         raise CheckpointError(f"{path} is truncated or corrupted (no complete manifest line)")
     try:
-        head = json.loads(data[len(MAGIC) : end])
+        head = json.loads(line)
         digest, length = str(head["sha256"]), int(head["bytes"])
     except (ValueError, KeyError, TypeError):
         raise CheckpointError(f"{path} is corrupted (its manifest line is not valid)") from None
-    body = data[end + 1 :]
-    if len(body) < length:
-        raise CheckpointError(f"{path} is truncated: {len(body)} of {length} payload bytes")
-    if len(body) > length:
-        raise CheckpointError(f"{path} is corrupted: {len(body) - length} bytes more than its manifest says")
-    actual = hashlib.sha256(body).hexdigest()
+    offset = len(MAGIC) + len(line)
+    actual_length = os.fstat(fh.fileno()).st_size - offset
+    if actual_length < length:
+        raise CheckpointError(f"{path} is truncated: {actual_length} of {length} payload bytes")
+    if actual_length > length:
+        raise CheckpointError(f"{path} is corrupted: {actual_length - length} bytes more than its manifest says")
+    h = hashlib.sha256()
+    for block in iter(lambda: fh.read(BLOCK), b""):
+        h.update(block)
+    actual = h.hexdigest()
     if actual != digest:
         raise CheckpointError(
             f"{path} is corrupted: SHA-256 {actual[:12]}... differs from its manifest's {digest[:12]}..."
         )
-    return head, body
+    return head, offset
+
+
+class _Window(io.RawIOBase):
+    """The bytes of ``fh`` from ``offset`` on, as a seekable file (torch.load reads the payload
+    in place: no copy of it in memory)."""
+
+    def __init__(self, fh: Any, offset: int) -> None:
+        self.fh, self.offset = fh, offset
+        self.fh.seek(offset)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return self.fh.readinto(buffer)
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            pos += self.offset
+        return self.fh.seek(pos, whence) - self.offset
+
+    def tell(self) -> int:
+        return self.fh.tell() - self.offset
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """The manifest line of checkpoint ``path`` (read without the payload; not checked against
+    it); ``{}`` when the file is missing or has no readable manifest.
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "checkpoint.pt"
+        >>> write_checkpoint(path, {"w": torch.ones(1)}, round=3)
+        >>> read_manifest(path)["round"], read_manifest(path.with_name("missing.pt"))
+        (3, {})
+    """
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(MAGIC) + MAX_MANIFEST_BYTES)
+    except OSError:
+        return {}
+    end = head.find(b"\n", len(MAGIC))
+    if not head.startswith(MAGIC) or end < 0:
+        return {}
+    try:
+        manifest = json.loads(head[len(MAGIC) : end])
+    except ValueError:
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
 
 
 def verify(path: str | Path) -> str | None:
     """None when ``path`` is a complete checkpoint whose digest matches, else the reason."""
     path = Path(path)
     try:
-        _split(path, path.read_bytes())
+        with open(path, "rb") as fh:
+            _check(path, fh)
     except CheckpointError as exc:
         return str(exc)
     except OSError as exc:
@@ -192,10 +270,11 @@ def verify(path: str | Path) -> str | None:
     return None
 
 
-def safe_unpickle(path: Path, body: bytes) -> Any:
-    """``torch.load(weights_only=True)``: tensors and plain containers only; anything else is refused."""
+def safe_unpickle(path: Path, body: Any) -> Any:
+    """``torch.load(weights_only=True)`` of ``body`` (bytes or a binary file): tensors and plain
+    containers only; anything else is refused."""
     try:
-        return torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
+        return torch.load(io.BytesIO(body) if isinstance(body, bytes) else body, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         lines = [ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln or "Unsupported global" in ln]
         if not lines:
@@ -217,13 +296,16 @@ def read_checkpoint(path: str | Path) -> Any:
     """
     path = Path(path)
     try:
-        data = path.read_bytes()
+        fh = open(path, "rb")  # noqa: SIM115 (closed by the with below; open's error named here)
     except OSError as exc:
         raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from None
-    if not data.startswith(MAGIC) and data.startswith(LEGACY_PREFIXES):
-        return safe_unpickle(path, data)  # written before manifests existed: restricted, unchecked
-    _, body = _split(path, data)
-    return safe_unpickle(path, body)
+    with fh:
+        start = fh.read(len(MAGIC))
+        fh.seek(0)
+        if start != MAGIC and start.startswith(LEGACY_PREFIXES):
+            return safe_unpickle(path, fh.read())  # written before manifests existed: restricted, unchecked
+        _, offset = _check(path, fh)
+        return safe_unpickle(path, _Window(fh, offset))
 
 
 def load_newest(path: str | Path) -> tuple[Any, Path]:

@@ -90,6 +90,7 @@ RUN_SEED = "run"
 DTYPES = ("float32", "float64")
 SPLITS = ("test", "validation")
 FAILURE_POLICIES = ("raise", "skip")
+CLIENT_STATES = ("memory", "disk")
 ONE_OUTPUT_LOSSES = ("binary_cross_entropy", "binary_cross_entropy_probs", "mse")
 
 
@@ -295,6 +296,15 @@ SCHEMA: dict[str, list[Option]] = {
             choices=FAILURE_POLICIES,
         ),
         _o("min_replies", "int", 1, "a round with fewer valid client replies stops the run (never counted)", low=1),
+        _o(
+            "client_states",
+            "str",
+            "memory",
+            'where per-client states live: "memory", or "disk" (one file per client in DIR/client_states; '
+            "checkpoints link the files instead of loading them; for large federations)",
+            choices=CLIENT_STATES,
+            semantic=False,
+        ),
         _o(
             "checkpoint_every",
             "int",

@@ -44,6 +44,7 @@ CHECKPOINT_PREV = "checkpoint.pt.prev"
 PARTITION_JSON = "partition.json"
 PARTITION_MD = "partition.md"
 PLOTS = "plots"
+CLIENT_STATES_DIR = "client_states"  # run.client_states = "disk": one file per client, and snapshots
 OUTPUT_FILES = (CONFIG, METRICS, SUMMARY, CHECKPOINT, CHECKPOINT_PREV, PARTITION_JSON, PARTITION_MD)
 """Files a run owns (``--overwrite`` removes exactly these and ``plots/``)."""
 
@@ -156,6 +157,10 @@ class RunDir:
     def plots(self) -> Path:
         return self.path / PLOTS
 
+    @property
+    def client_states(self) -> Path:
+        return self.path / CLIENT_STATES_DIR
+
     def status(self) -> str:
         """``"empty"`` (no run), ``"finished"``, ``"checkpointed"`` (interrupted, resumable)
         or ``"started"`` (a run began here but left no checkpoint)."""
@@ -182,6 +187,10 @@ class RunDir:
                 png.unlink()
             if not any(self.plots.iterdir()):
                 self.plots.rmdir()
+        if self.client_states.is_dir():
+            import shutil
+
+            shutil.rmtree(self.client_states)
 
 
 @dataclass

@@ -54,7 +54,14 @@ import torch
 import fedrisk
 from fedrisk.api import Callback, History, resolve_metrics, run_simulation
 from fedrisk.errors import FedriskError
-from fedrisk.experiment.checkpoint import load_newest, pack_global_rng, unpack_global_rng, write_checkpoint
+from fedrisk.experiment.checkpoint import (
+    load_newest,
+    pack_global_rng,
+    previous_path,
+    read_manifest,
+    unpack_global_rng,
+    write_checkpoint,
+)
 from fedrisk.experiment.config import (
     AUTO,
     NONE,
@@ -78,6 +85,7 @@ from fedrisk.experiment.outputs import (
 )
 from fedrisk.experiment.progress import Progress
 from fedrisk.experiment.tracking import open_tracking
+from fedrisk.runtime.client_store import DiskClientStates
 from fedrisk.runtime.evaluation import LOWER_IS_BETTER
 from fedrisk.runtime.executor import Executor
 from fedrisk.runtime.simulation import RoundReport, Simulation, make_executor
@@ -130,8 +138,16 @@ def run_seed(cfg: ExperimentConfig) -> int:
     return seeds[0] if seeds else cfg["run.seed"]
 
 
-def build_simulation(cfg: ExperimentConfig, seed: int | None = None, executor: Executor | None = None) -> Built:
+def build_simulation(
+    cfg: ExperimentConfig,
+    seed: int | None = None,
+    executor: Executor | None = None,
+    client_store: Path | None = None,
+) -> Built:
     """Federation, model, objective, algorithm (and attack) of ``cfg`` as a fresh Simulation.
+
+    ``client_store`` is the folder for the client states when ``run.client_states = "disk"``
+    (the runner passes ``<run dir>/client_states``); None keeps them in memory.
 
     Example:
         >>> from fedrisk.experiment.config import resolve_config
@@ -206,17 +222,25 @@ def build_simulation(cfg: ExperimentConfig, seed: int | None = None, executor: E
     init_params = None
     if cfg["run.init_from"]:  # e.g. the two-stage recipe: cross-entropy pre-training, then CODASCA
         init_params = load_init_params(cfg["run.init_from"], algorithm.init_params(torch.Generator()))
+    run_executor = executor if executor is not None else make_executor(cfg["run.executor"])
+    if cfg["run.client_states"] == "disk" and run_executor.name == "distributed":
+        raise FedriskError(
+            'run.client_states = "disk" works with the sequential and vectorized executors only (the '
+            "distributed executor replicates every client's state on every rank); use run.executor = "
+            '"vectorized" or run.client_states = "memory"'
+        )
     sim = Simulation(
         algorithm,
         fed,
         seed=seed,
-        executor=executor if executor is not None else cfg["run.executor"],
+        executor=run_executor,
         dtype=dtype,
         attack=attack,
         byzantine=byzantine,
         on_client_failure=cfg["run.on_client_failure"],
         min_replies=cfg["run.min_replies"],
         init_params=init_params,
+        client_store=client_store if cfg["run.client_states"] == "disk" else None,
     )
     resolved = {
         "seed": seed,
@@ -468,8 +492,10 @@ class Checkpointer(Callback):
 
 def save_checkpoint(path: Path, sim: Simulation, config: Mapping[str, Any], history: History, elapsed: float) -> None:
     """Write the checkpoint of ``sim`` atomically (see the module docstring for its content)."""
-    state = sim.state_dict()
-    state["client_states"] = sim.executor.collect_states(sim.client_states)
+    state = sim.state_dict()  # client states on disk: a snapshot of linked files, not loaded
+    disk = isinstance(sim.client_states, DiskClientStates)
+    if not disk:
+        state["client_states"] = sim.executor.collect_states(sim.client_states)
     write_checkpoint(
         path,
         {
@@ -484,7 +510,11 @@ def save_checkpoint(path: Path, sim: Simulation, config: Mapping[str, Any], hist
         },
         format=CHECKPOINT_FORMAT,
         round=sim.round,
+        **({"states_snapshot": state["client_states"]["snapshot"]} if disk else {}),
     )
+    if disk:  # keep the snapshots of the newest and the previous checkpoint only
+        keep = [read_manifest(p).get("states_snapshot") for p in (path, previous_path(path))]
+        sim.client_states.prune(name for name in keep if name)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -621,7 +651,7 @@ def _run(
     show: Progress,
     guard: SignalGuard,
 ) -> RunResult:
-    built = build_simulation(cfg, seed, executor=executor)
+    built = build_simulation(cfg, seed, executor=executor, client_store=rd.client_states)
     sim = built.simulation
     primary = executor.is_primary
     if primary:

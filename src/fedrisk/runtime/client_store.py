@@ -18,23 +18,56 @@ Example:
     ([0.0, 0.0], [1.0, 1.0], 3, [0, 1, 2])
     >>> store.files_written
     1
+
+Checkpoints (:meth:`DiskClientStates.snapshot` / :meth:`DiskClientStates.restore`) never load
+the states: a snapshot is a folder ``snapshots/<name>/`` of hard links to the current files (a
+copy where the file system has no hard links), and its reference, which goes into the checkpoint,
+holds the SHA-256 digest of every file (a per-file manifest).  A state is never rewritten in
+place (a new file is renamed over the old name), so a later round leaves a snapshot's files
+intact.  :meth:`restore` makes the folder's files those of the snapshot again (after checking
+every digest), which is how a resumed run forgets what the rounds after its checkpoint wrote;
+:meth:`prune` removes the snapshots no checkpoint refers to any more.
+
+    >>> ref = store.snapshot()
+    >>> store[1] = {"c": torch.full((2,), 7.0)}     # a round after the checkpoint
+    >>> store.restore(ref)
+    >>> store[1]["c"].tolist(), sorted(ref["sha256"])
+    ([1.0, 1.0], [1])
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
+import shutil
 import tempfile
-from collections.abc import Callable, Iterator, MutableMapping
+import uuid
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from fedrisk.errors import FedriskError
 from fedrisk.tree import Tree
 
+SNAPSHOTS = "snapshots"
+"""The sub-folder of a store that holds its snapshots."""
+
+
+def is_snapshot_ref(value: Any) -> bool:
+    """True for what :meth:`DiskClientStates.snapshot` returns (a checkpoint's ``client_states``
+    entry when the states live on disk), False for a dict of states."""
+    return isinstance(value, dict) and value.get("store") == "disk" and "snapshot" in value
+
 
 class DiskClientStates(MutableMapping[int, Tree]):
-    """Clients ``0 .. num_clients - 1``; state of client ``k`` in ``folder/client-<k>.pt``."""
+    """Clients ``0 .. num_clients - 1``; state of client ``k`` in ``folder/client-<k>.pt``.
+
+    A new store starts from the initial states: state files already in ``folder`` (left by an
+    earlier run) are removed; its snapshots are kept for :meth:`restore`.
+    """
 
     def __init__(self, folder: str | Path, num_clients: int, initial: Callable[[int], Tree]) -> None:
         self.folder = Path(folder)
@@ -42,6 +75,8 @@ class DiskClientStates(MutableMapping[int, Tree]):
         self.num_clients = int(num_clients)
         self.initial = initial
         self.files_written = 0
+        self.digests: dict[int, str] = {}  # SHA-256 of every state file written (or restored)
+        self._clear()
 
     def path(self, k: int) -> Path:
         return self.folder / f"client-{int(k)}.pt"
@@ -52,27 +87,39 @@ class DiskClientStates(MutableMapping[int, Tree]):
             raise KeyError(k)
         return k
 
+    def _clear(self) -> None:
+        for p in [*self.folder.glob("client-*.pt"), *self.folder.glob(".client-*.tmp")]:
+            p.unlink()
+        self.digests = {}
+
     def __getitem__(self, k: int) -> Tree:
         k = self._check(k)
-        p = self.path(k)
-        if not p.is_file():
+        if k not in self.digests:
             return self.initial(k)
+        p = self.path(k)
         try:
-            return torch.load(p, map_location="cpu", weights_only=True)
+            data = p.read_bytes()
+            if hashlib.sha256(data).hexdigest() != self.digests[k]:
+                raise ValueError("its SHA-256 digest differs from the one recorded when it was written")
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except Exception as exc:
             raise FedriskError(f"cannot read the state of client {k} from {p}: {type(exc).__name__}: {exc}") from None
 
     def __setitem__(self, k: int, state: Tree) -> None:
         k = self._check(k)
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        data = buf.getvalue()
         fd, tmp = tempfile.mkstemp(prefix=f".client-{k}.", suffix=".tmp", dir=self.folder)
         try:
             with os.fdopen(fd, "wb") as fh:
-                torch.save(state, fh)
-            os.replace(tmp, self.path(k))
+                fh.write(data)
+            os.replace(tmp, self.path(k))  # a new file: snapshots keep linking the old one
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+        self.digests[k] = hashlib.sha256(data).hexdigest()
         self.files_written += 1
 
     def __delitem__(self, k: int) -> None:
@@ -87,3 +134,66 @@ class DiskClientStates(MutableMapping[int, Tree]):
     def nbytes_on_disk(self) -> int:
         """Bytes of every state file written so far."""
         return sum(p.stat().st_size for p in self.folder.glob("client-*.pt"))
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """Link the current state files into a new ``snapshots/<name>/`` and return its
+        reference ``{"store": "disk", "snapshot": name, "sha256": {client: digest}}`` (plain
+        data, for the checkpoint).  Nothing is loaded; the folder appears complete or not at all."""
+        name = f"snap-{uuid.uuid4().hex[:16]}"
+        root = self.folder / SNAPSHOTS
+        tmp = root / f".{name}.tmp"
+        tmp.mkdir(parents=True)
+        for k in sorted(self.digests):
+            _link_or_copy(self.path(k), tmp / self.path(k).name)
+        os.replace(tmp, root / name)
+        return {"store": "disk", "snapshot": name, "sha256": dict(sorted(self.digests.items()))}
+
+    def restore(self, ref: dict[str, Any]) -> None:
+        """Make the state files those of the snapshot ``ref`` (every digest checked first)."""
+        snap = self.folder / SNAPSHOTS / str(ref["snapshot"])
+        digests = {int(k): str(v) for k, v in ref["sha256"].items()}
+        if not snap.is_dir():
+            raise FedriskError(
+                f"the checkpoint's client states {snap} are missing; they live in the run directory's "
+                f"{self.folder.name}/{SNAPSHOTS} folder (resume in the run directory that wrote the checkpoint)"
+            )
+        for k, digest in digests.items():
+            p = snap / self.path(self._check(k)).name
+            if not p.is_file() or _sha256_file(p) != digest:
+                problem = "missing" if not p.is_file() else "corrupted (its SHA-256 differs from the checkpoint's)"
+                raise FedriskError(f"the checkpoint's state of client {k} ({p}) is {problem}")
+        self._clear()
+        for k in digests:
+            _link_or_copy(snap / self.path(k).name, self.path(k))
+        self.digests = digests
+
+    def snapshots(self) -> list[str]:
+        """The names of the complete snapshots in the folder."""
+        root = self.folder / SNAPSHOTS
+        return sorted(p.name for p in root.glob("snap-*") if p.is_dir()) if root.is_dir() else []
+
+    def prune(self, keep: Iterable[str]) -> None:
+        """Remove every snapshot (and unfinished one) not named in ``keep``."""
+        root = self.folder / SNAPSHOTS
+        if not root.is_dir():
+            return
+        keep = set(keep)
+        for p in root.iterdir():
+            if p.is_dir() and p.name not in keep:
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # no hard links on this file system
+        shutil.copyfile(src, dst)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

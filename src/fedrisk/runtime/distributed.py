@@ -86,11 +86,13 @@ Example (world size 1; ``torchrun`` sets the same variables for every process):
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
+import json
 import os
 import socket
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -244,6 +246,70 @@ def collective_timeout() -> timedelta:
     return timedelta(seconds=seconds)
 
 
+class RankFailure(FedriskError):
+    """A collective failed because a process of the run died or stopped answering."""
+
+
+_PROC_KEY = "fedrisk/process/{rank}"
+
+
+def _register_process() -> None:
+    """Record this rank's host and pid in the process group's store (for :func:`dead_ranks`)."""
+    with contextlib.suppress(Exception):  # a store without set (or none): the message is vaguer
+        store = dist.distributed_c10d._get_default_store()
+        info = json.dumps({"host": socket.gethostname(), "pid": os.getpid()})
+        store.set(_PROC_KEY.format(rank=dist.get_rank()), info)
+
+
+def _pid_alive(pid: int) -> bool:
+    """True when process ``pid`` runs on this machine (a zombie, killed but not yet reaped, is dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True
+        return True
+
+
+def dead_ranks(world_size: int, me: int) -> str:
+    """Which other ranks have died, as a phrase for an error message: ranks on this machine are
+    checked by pid (recorded in the store when the executor joined the group); the others are
+    named as not checkable.  The store is asked with a short timeout: it may have died too."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set_timeout(timedelta(seconds=5))
+        here = socket.gethostname()
+        dead, unknown = [], []
+        for r in range(world_size):
+            if r == me:
+                continue
+            key = _PROC_KEY.format(rank=r)
+            if not store.check([key]):
+                unknown.append(f"rank {r} (never registered)")
+                continue
+            info = json.loads(store.get(key))
+            if info["host"] != here:
+                unknown.append(f"rank {r} (pid {info['pid']} on {info['host']})")
+            elif not _pid_alive(int(info["pid"])):
+                dead.append(f"rank {r} (pid {info['pid']})")
+    except Exception as exc:  # the store's host (rank 0, or torchrun's agent) is gone too
+        return (
+            f"the rendezvous store cannot be reached either ({type(exc).__name__}), so the process that hosts it "
+            "(rank 0, or torchrun) has probably died"
+        )
+    parts = []
+    if dead:
+        parts.append(f"{', '.join(dead)} {'has' if len(dead) == 1 else 'have'} died")
+    if unknown:
+        parts.append(f"not checked (another machine or unknown): {', '.join(unknown)}")
+    return "; ".join(parts) if parts else "every other rank of this machine is still running (one may hang)"
+
+
 class DistributedExecutor(Executor):
     """Runs each rank's shard of the clients and reduces the replies with ``torch.distributed``.
 
@@ -278,6 +344,20 @@ class DistributedExecutor(Executor):
         self.check_replicas = bool(check_replicas)
         self._local: Executor | None = None
         self._comm_device = torch.device("cpu")
+        self._registered = False
+
+    @contextlib.contextmanager
+    def _collective(self, what: str) -> Iterator[None]:
+        """Turn a failed collective (a rank died, or a timeout) into a :class:`RankFailure`
+        that names the dead rank(s)."""
+        try:
+            yield
+        except RuntimeError as exc:  # DistBackendError and gloo's connection errors
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise RankFailure(
+                f"rank {self.rank} of {self.world_size}: {what} failed: {dead_ranks(self.world_size, self.rank)} "
+                f"({type(exc).__name__}: {first}). The run stops; resume from its last checkpoint with --resume"
+            ) from None
 
     # -- process group --------------------------------------------------------------------
     @property
@@ -309,6 +389,9 @@ class DistributedExecutor(Executor):
             raise FedriskError("executor 'distributed' needs a PyTorch build with torch.distributed")
         if dist.is_initialized():  # a second simulation in this process, a helper call, Ray Train
             self._comm_device = _comm_device(dist.get_backend())
+            if not self._registered:
+                _register_process()
+                self._registered = True
             return
         missing = [v for v in TORCHRUN_ENV if v not in os.environ]
         if missing:
@@ -328,6 +411,8 @@ class DistributedExecutor(Executor):
         dist.init_process_group(backend, timeout=collective_timeout())
         atexit.register(_destroy_group)
         self._comm_device = _comm_device(backend)
+        _register_process()
+        self._registered = True
 
     def close(self) -> None:
         """Destroy the process group (every rank must call it; optional, done at exit)."""
@@ -350,7 +435,8 @@ class DistributedExecutor(Executor):
                 outcome[0] = ("ok", fn())
             except FedriskError as exc:
                 outcome[0] = ("error", str(exc))
-        dist.broadcast_object_list(outcome, src=0)
+        with self._collective("a broadcast from rank 0"):
+            dist.broadcast_object_list(outcome, src=0)
         status, value = outcome[0]
         if status == "error":
             raise FedriskError(value)
@@ -361,7 +447,8 @@ class DistributedExecutor(Executor):
         rank: all ranks must stop after the same round)."""
         self._init_process_group()
         value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self._comm_device)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        with self._collective("the agreement on a stop signal"):
+            dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item())
 
     # -- the executor contract ------------------------------------------------------------
@@ -481,7 +568,8 @@ class DistributedExecutor(Executor):
     # -- collectives ----------------------------------------------------------------------
     def _all_gather_object(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj)
+        with self._collective("an all_gather of round data"):
+            dist.all_gather_object(out, obj)
         return out
 
     def _exchange(
@@ -508,7 +596,8 @@ class DistributedExecutor(Executor):
         if chunks:
             buf[:size] = torch.cat([c.to(self._comm_device) for c in chunks])
         bufs = [torch.empty_like(buf) for _ in metas]
-        dist.all_gather(bufs, buf)
+        with self._collective("an all_gather of client states"):
+            dist.all_gather(bufs, buf)
         for m, b in zip(metas, bufs):
             pos = 0
             for k, skel in m[0].items():
@@ -523,7 +612,8 @@ class DistributedExecutor(Executor):
             by_dtype.setdefault(x.dtype, []).append(i)
         for _dtype, idx in sorted(by_dtype.items(), key=lambda kv: str(kv[0])):  # same order on every rank
             flat = torch.cat([leaves[i].reshape(-1) for i in idx]).to(self._comm_device)
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            with self._collective("an all_reduce of the replies"):
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM)
             pos = 0
             for i in idx:
                 n = leaves[i].numel()

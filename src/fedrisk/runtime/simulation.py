@@ -157,9 +157,7 @@ class Simulation:
         alg, r = self.algorithm, self.round
         plan = alg.configure(RoundContext(r, self.info), self.server_state, server_generator(self.seed, r, "configure"))
         ctx = RoundContext(r, self.info, plan.kind)
-        out = self.executor.run_round(
-            alg, ctx, plan, self.client_states, self.data, self.seed, self.on_client_failure
-        )
+        out = self.executor.run_round(alg, ctx, plan, self.client_states, self.data, self.seed, self.on_client_failure)
         replies = out.replies
         if len(replies.clients) < self.min_replies:
             raise ClientFailure(
@@ -201,11 +199,19 @@ class Simulation:
 
     # -- checkpointing ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """The run's state.  With a disk store, ``client_states`` is a snapshot reference
+        (:meth:`DiskClientStates.snapshot`: the states are linked, not loaded)."""
+        from fedrisk.runtime.client_store import DiskClientStates
+
+        if isinstance(self.client_states, DiskClientStates):
+            states: Any = self.client_states.snapshot()
+        else:
+            states = self.executor.collect_states(self.client_states)
         return {
             "round": self.round,
             "seed": self.seed,
             "server_state": self.server_state,
-            "client_states": self.executor.collect_states(self.client_states),
+            "client_states": states,
             "ledger": self.ledger.state_dict(),
         }
 
@@ -214,11 +220,21 @@ class Simulation:
             raise FedriskError(f"checkpoint was made with seed {state['seed']}, this run uses seed {self.seed}")
         self.round = int(state["round"])
         self.server_state = state["server_state"]
-        states = {int(k): v for k, v in state["client_states"].items()}
-        if isinstance(self.client_states, dict):
-            self.client_states = states
-        else:  # a disk store keeps its folder
-            self.client_states.update(states)
+        from fedrisk.runtime.client_store import DiskClientStates, is_snapshot_ref
+
+        if is_snapshot_ref(state["client_states"]):
+            if not isinstance(self.client_states, DiskClientStates):
+                raise FedriskError(
+                    "the checkpoint keeps its client states on disk (run.client_states = 'disk'); resume it "
+                    "with client states on disk, in the run directory that wrote it"
+                )
+            self.client_states.restore(state["client_states"])
+        else:
+            states = {int(k): v for k, v in state["client_states"].items()}
+            if isinstance(self.client_states, dict):
+                self.client_states = states
+            else:  # a disk store keeps its folder
+                self.client_states.update(states)
         self.ledger.load_state_dict(state["ledger"])
 
 

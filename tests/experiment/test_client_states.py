@@ -1,0 +1,53 @@
+"""``run.client_states = "disk"`` (issue 14, item 8): the experiment layer keeps the client
+states in ``<run dir>/client_states``; a checkpoint links them (a snapshot with a per-file
+SHA-256 manifest) instead of loading them, only the snapshots of the newest and the previous
+checkpoint are kept, and an interrupted run resumes to the numbers of an uninterrupted run in
+memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedrisk.errors import FedriskError
+from fedrisk.experiment import resolve_config, run_experiment
+from fedrisk.experiment.checkpoint import previous_path, read_checkpoint, read_manifest
+from fedrisk.experiment.runner import RunInterrupted
+from fedrisk.runtime.client_store import is_snapshot_ref
+
+from .conftest import interrupt_at, records, without_time
+
+
+def _scaffold(tiny: dict, client_states: str) -> dict:
+    tiny["algorithm"].update({"name": "scaffold", "clients_per_round": 2})
+    tiny["run"].update({"rounds": 5, "checkpoint_every": 1, "client_states": client_states})
+    return tiny
+
+
+def test_disk_states_resume_like_memory(tiny, tmp_path, monkeypatch):
+    memory = run_experiment(resolve_config(_scaffold(tiny, "memory")), tmp_path / "memory", progress="none")
+    cfg = resolve_config(_scaffold(tiny, "disk"))
+    out = tmp_path / "disk"
+    with monkeypatch.context() as m:
+        interrupt_at(m, 3)
+        with pytest.raises(RunInterrupted):
+            run_experiment(cfg, out, progress="none")
+    ckpt = out / "checkpoint.pt"
+    state = read_checkpoint(ckpt)["simulation"]["client_states"]
+    assert is_snapshot_ref(state) and set(state) == {"store", "snapshot", "sha256"}  # linked, not loaded
+    kept = sorted(p.name for p in (out / "client_states" / "snapshots").iterdir())
+    named = sorted(read_manifest(p)["states_snapshot"] for p in (ckpt, previous_path(ckpt)))
+    assert kept == named and len(kept) == 2  # the newest and the previous checkpoint's only
+    resumed = run_experiment(cfg, out, resume=True, progress="none")
+    assert resumed.summary["rounds"] == 5
+    assert without_time(records(out)) == without_time(records(memory.path))
+
+
+def test_client_states_key_is_checked(tiny):
+    with pytest.raises(FedriskError, match=r'run.client_states = "ram" is not a known name; valid choices: disk, m'):
+        resolve_config(_scaffold(tiny, "ram"))
+    tiny = _scaffold(tiny, "disk")
+    tiny["run"]["executor"] = "distributed"
+    from fedrisk.experiment.runner import build_simulation
+
+    with pytest.raises(FedriskError, match=r'client_states = "disk" works with the sequential and vectorized'):
+        build_simulation(resolve_config(tiny))
