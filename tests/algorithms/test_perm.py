@@ -7,6 +7,8 @@ algorithm by ``tests/runtime`` and ``tests/conformance``."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -393,7 +395,7 @@ def test_two_stage_weights_converge_to_the_weights_at_the_exact_optimum() -> Non
         for _ in range(rounds + 1):
             sim.step()
         errors.append(float((sim.server_state["alpha"] - alpha_star).abs().max()))
-    assert all(later < earlier for earlier, later in zip(errors, errors[1:])), errors
+    assert all(later < earlier for earlier, later in itertools.pairwise(errors)), errors
     assert errors[0] > 0.05 and errors[-1] < 1e-9, errors
     pgd = [float((mixing_weights_pgd(d_star, sizes, lam, steps=t) - alpha_star).abs().max()) for t in (1, 10, 30, 100)]
     assert pgd[0] > 0.1 and pgd[1] < 1e-2 and pgd[2] < 1e-5 and pgd[3] < 1e-12, pgd
