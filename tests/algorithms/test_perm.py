@@ -7,6 +7,8 @@ algorithm by ``tests/runtime`` and ``tests/conformance``."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -360,6 +362,43 @@ def test_two_stage_weights_come_from_the_fedavg_model() -> None:
     assert all(torch.equal(sim.server_state["v"][k][i], w[k]) for k in w for i in range(fed.num_clients))
     assert same_cluster_mass(sim.server_state["alpha"], fed) > 0.99
     assert sim.step().kind == "shuffle"
+
+
+def test_two_stage_weights_converge_to_the_weights_at_the_exact_optimum() -> None:
+    """Spec §7.1 check 7 (Thm 1, qualitative): on ridge-free least squares, alpha-hat from Alg. 3
+    after R FedAvg rounds approaches alpha* = eq. (2) at the exact w* = argmin (1/N) sum_i f_i as
+    R grows (K = 1 full-batch step: FedAvg is GD on the uniform objective), and the projected-GD
+    solver approaches the same alpha* as T_alpha grows.
+
+    Measured (2026-11-24, float64): max |alpha-hat - alpha*| 0.107, 0.063, 0.033, 5.4e-4, 3.9e-11
+    for R = 1, 4, 16, 64, 256; projected GD 0.29, 3.5e-3, 4.2e-7 for T_alpha = 1, 10, 30."""
+    fed = least_squares((10, 20, 10, 40, 10, 20))
+    N, lam, sizes = fed.num_clients, 1000.0, fed.client_sizes
+    w_star = weighted_optimum(fed, torch.full((N,), 1.0 / N, dtype=F64))
+    grads = torch.stack([s.x.T @ (s.x @ w_star - s.y) / len(s) for s in fed.clients])
+    d_star = squared_distances(grads)
+    alpha_star = mixing_weights(d_star, sizes, lam)
+    assert 1 < float((alpha_star > 0).sum(1).double().mean()) < N  # neither local nor uniform: a real test
+    errors = []
+    for rounds in (1, 4, 16, 64, 256):
+        alg = PERMTwoStage(
+            model=Linear(),
+            loss=mean_squared_error,
+            local_steps=1,
+            batch_size=40,  # 'shuffle' batches of 40 rows: whole passes over every client's data
+            sampling="shuffle",
+            global_lr=0.1,
+            lam=lam,
+            fedavg_rounds=rounds,
+        )
+        sim = Simulation(alg, fed, seed=0, dtype=F64)
+        for _ in range(rounds + 1):
+            sim.step()
+        errors.append(float((sim.server_state["alpha"] - alpha_star).abs().max()))
+    assert all(later < earlier for earlier, later in itertools.pairwise(errors)), errors
+    assert errors[0] > 0.05 and errors[-1] < 1e-9, errors
+    pgd = [float((mixing_weights_pgd(d_star, sizes, lam, steps=t) - alpha_star).abs().max()) for t in (1, 10, 30, 100)]
+    assert pgd[0] > 0.1 and pgd[1] < 1e-2 and pgd[2] < 1e-5 and pgd[3] < 1e-12, pgd
 
 
 # ----------------------------------------------------------------------------- bad input

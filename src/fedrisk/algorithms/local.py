@@ -105,6 +105,20 @@ def sgd_update(param: Tensor, grad: Tensor, lr: float | Tensor) -> Tensor:
     return param - lr * grad
 
 
+def sgd_step(params: Tree, grad: Tree, lr: float | Tensor) -> Tree:
+    """One SGD step on a whole pytree: :func:`sgd_update` leaf by leaf, ``params - lr * grad``.
+
+    Example:
+        >>> sgd_step({"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([1.0, -1.0])}, 0.5)
+        {'w': tensor([0.5000, 2.5000])}
+    """
+    if type(params) is dict and type(grad) is dict and params.keys() == grad.keys():
+        # the same as the tree_map below for a flat dict (every model's parameters),
+        # without torch.utils._pytree's per-call overhead (the sequential hot loop)
+        return {k: sgd_update(p, grad[k], lr) for k, p in params.items()}
+    return tree_map(lambda p, g: sgd_update(p, g, lr), params, grad)
+
+
 def sgd_steps(
     objective: Callable[[Tree, Tensor, Tensor], Tensor],
     params: Tree,
@@ -134,12 +148,7 @@ def sgd_steps(
         value, g = vg(params, x, y)
         if correction is not None:
             g = correction(params, g)
-        if type(params) is dict and type(g) is dict and params.keys() == g.keys():
-            # the same as the tree_map below for a flat dict (every model's parameters),
-            # without torch.utils._pytree's per-call overhead (the sequential hot loop)
-            params = {k: sgd_update(p, g[k], lr) for k, p in params.items()}
-        else:
-            params = tree_map(lambda p, gi: sgd_update(p, gi, lr), params, g)
+        params = sgd_step(params, g, lr)
         losses.append(value)
     return params, torch.stack(losses).mean()
 

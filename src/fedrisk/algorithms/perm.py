@@ -28,6 +28,9 @@ Resolved choices (spec pitfalls P1-P15):
 * ``lr`` is the base step: eta = lr / N, and a host k updating model i steps by
   ``eta * N * alpha_i(k)`` (SGD-Update, P2).  A zero weight makes the update an exact no-op;
   the K steps are still computed (no branching on tensor values), and the model keeps its slot.
+  With concentrated weights (self weight near 1) the step at the owner is about ``lr``, so ``lr``
+  must be a stable local-SGD step for the model (the analysis asks ``eta N L K <= 1``); a larger
+  one collapses MLP personal models onto one class (docs/results/perm.md, Fashion-MNIST).
 * The gradients that define D are full local gradients (``alpha_batch = None``; masked per-sample
   mean, so padding rows of the vectorised executor do not count) or a large minibatch (P5).
 * Rounds: one contract round is one communication round.  PERM's epoch is one *estimate* round

@@ -53,21 +53,16 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from torch import Tensor
 
 from fedrisk.algorithms.base import ClientResult, LocalData, RoundContext
 from fedrisk.algorithms.fedavg import FedAvg
-from fedrisk.algorithms.local import batch, sample_batches, sgd_steps, sgd_update, supervised_objective
+from fedrisk.algorithms.local import batch, sample_batches, sgd_step, sgd_steps, supervised_objective
 from fedrisk.autodiff import value_and_grad
 from fedrisk.errors import check_range, unknown_name
 from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree, tree_lerp, tree_map, tree_scale, tree_vdot
 
 PER_FEDAVG_VARIANTS = ("fo", "hf")
-
-
-def _step(params: Tree, grad: Tree, lr: float | Tensor) -> Tree:
-    return tree_map(lambda p, g: sgd_update(p, g, lr), params, grad)
 
 
 @dataclass(frozen=True)
@@ -173,18 +168,18 @@ class PerFedAvg(_Personal):
         idx = draws["batches"]
         for t in range(self.local_steps):
             loss, g = vg(w, *batch(data, idx[3 * t]))
-            w_tmp = _step(w, g, a)
+            w_tmp = sgd_step(w, g, a)
             _, g_outer = vg(w_tmp, *batch(data, idx[3 * t + 1]))
             if self.variant == "hf":  # (I - a H) g_outer with H g by central differences on D''
                 x2, y2 = batch(data, idx[3 * t + 2])
                 g_plus = vg(tree_map(lambda p, d: p + delta * d, w, g_outer), x2, y2)[1]
                 g_minus = vg(tree_map(lambda p, d: p - delta * d, w, g_outer), x2, y2)[1]
                 g_outer = tree_map(lambda go, gp, gm: go - a * (gp - gm) / (2 * delta), g_outer, g_plus, g_minus)
-            w = _step(w, g_outer, b)
+            w = sgd_step(w, g_outer, b)
             losses.append(loss)
         # personalisation: one step of size a from the received model (their evaluation protocol)
         _, g = vg(payload["params"], *batch(data, draws["personal"][0]))
-        personal = _step(payload["params"], g, a)
+        personal = sgd_step(payload["params"], g, a)
         return ClientResult({"params": w}, {"personal": personal}, {"loss": torch.stack(losses).mean()})
 
 
@@ -338,8 +333,8 @@ class APFL(FedAvg):
             a_next = a
             if self.mix_lr:  # d f(v_bar) / d a = <v - w, grad f(v_bar)>, at the step's old iterates
                 a_next = (a - self.mix_lr * tree_vdot(tree_map(lambda vi, wi: vi - wi, v, w), g_bar)).clamp(0.0, 1.0)
-            v = _step(v, tree_scale(a, g_bar), self.lr)
-            w = _step(w, g_w, self.lr)
+            v = sgd_step(v, tree_scale(a, g_bar), self.lr)
+            w = sgd_step(w, g_w, self.lr)
             a = a_next
             losses.append(loss)
         return ClientResult({"params": w}, {"v": v, "mix": a}, {"loss": torch.stack(losses).mean()})
