@@ -21,9 +21,10 @@ from typing import Literal
 
 import torch
 from torch import Tensor
+from torch._C._functorch import maybe_get_level
 
 from fedrisk.algorithms.base import LocalData
-from fedrisk.autodiff import in_functorch_transform, value_and_grad
+from fedrisk.autodiff import in_functorch_transform, under_vmap, value_and_grad
 from fedrisk.errors import FedriskError, check_range, unknown_name
 from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree, tree_map
@@ -128,6 +129,7 @@ def sgd_steps(
     ):
         return _eager_sgd_steps(objective, params, data, idx, lr)
     vg = value_and_grad(objective)
+    in_place = isinstance(lr, (int, float)) and _under_vmap_only()
     losses = []
     for t in range(idx.shape[0]):
         x, y = batch(data, idx[t])
@@ -137,11 +139,31 @@ def sgd_steps(
         if type(params) is dict and type(g) is dict and params.keys() == g.keys():
             # the same as the tree_map below for a flat dict (every model's parameters),
             # without torch.utils._pytree's per-call overhead (the sequential hot loop)
-            params = {k: sgd_update(p, g[k], lr) for k, p in params.items()}
+            if in_place and t > 0:  # params are this loop's own tensors from step 1 on
+                params = {k: _sgd_update_(p, g[k], lr) for k, p in params.items()}
+            else:
+                params = {k: sgd_update(p, g[k], lr) for k, p in params.items()}
         else:
             params = tree_map(lambda p, gi: sgd_update(p, gi, lr), params, g)
         losses.append(value)
     return params, torch.stack(losses).mean()
+
+
+def _under_vmap_only() -> bool:
+    """True inside ``torch.func.vmap`` (the vectorised executor) with no ``grad`` / ``jvp``
+    transform around it: nothing differentiates through the local loop, so its own tensors
+    may be updated in place."""
+    return under_vmap(only=True)
+
+
+def _sgd_update_(param: Tensor, grad: Tensor, lr: float) -> Tensor:
+    """:func:`sgd_update` in place on ``param`` (a tensor the local loop made itself): the same
+    ``add`` with ``alpha = -lr``, hence the same numbers, without allocating a new stack of
+    per-client weights at every step.  Out of place when ``param`` requires grad or when
+    ``grad`` is batched at a vmap level where ``param`` is not (``param`` shared by the block)."""
+    if param.requires_grad or maybe_get_level(grad) > maybe_get_level(param):
+        return sgd_update(param, grad, lr)
+    return param.add_(grad, alpha=-lr)
 
 
 def _eager_sgd_steps(
