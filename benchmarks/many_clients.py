@@ -10,12 +10,12 @@ two versions of fedrisk: the same draws give the same model up to float rounding
 
 To time another version of fedrisk with this script, put its ``src`` first on the path::
 
-    nice -n 10 flock /work/wt/bigmem.lock .venv/bin/python benchmarks/many_clients.py --rounds 3
+    nice -n 10 .venv/bin/python benchmarks/many_clients.py --rounds 3
     PYTHONPATH=<checkout of another commit>/src .venv/bin/python benchmarks/many_clients.py --rounds 3
 
 (the first round pays vmap's one-off lazy import; the report's median is over rounds 2..R).
-Peak memory is about 1 GB of data and models plus the blocks (4.7 GB before the block cap of
-2026-11-24); on a shared machine run it under a lock.
+It peaks at 4.7-6.3 GB of memory (``benchmarks/RESULTS.md``, "10,000 clients"): on a shared
+machine run one such job at a time.
 """
 
 from __future__ import annotations

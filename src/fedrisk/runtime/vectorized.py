@@ -146,9 +146,10 @@ CPU_STACKED_LEAF_BYTES = 32 * 2**20
 to the heap and the next step's tensors of the same size reuse it, while a larger one is
 returned to the kernel and every new one comes as fresh pages that the kernel zeroes and faults
 in.  A block step allocates a few such stacks (gradients, updated weights), so above the
-threshold page faults dominate: 600 clients of an MLP 784-64-10 (a 120 MiB stack of first-layer
-weights) took 1.6 ms CPU per client and local round, 160 clients (32 MiB) 0.45-0.5 ms
-(``benchmarks/RESULTS.md``, "Many clients")."""
+threshold page faults dominate: in a micro-benchmark (5 local steps under ``vmap``), blocks of
+600 clients of an MLP 784-64-10 (a 120 MiB stack of first-layer weights) took 1.6 ms CPU per
+client, blocks of 160 (32 MiB) 0.45-0.5 ms; ``benchmarks/RESULTS.md`` ("10,000 clients") has
+the end-to-end effect."""
 
 _TENSOR = object()  # marks a tensor position in a flattened tree whose other leaves are constants
 
