@@ -34,7 +34,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedrisk.autodiff import under_vmap
 from fedrisk.errors import FedriskError, check_range, unknown_name
 from fedrisk.registry import Registry
 
@@ -116,30 +115,6 @@ class _ZooModel(nn.Module):
 # --------------------------------------------------------------------------------------------
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``F.linear(x, weight, bias)`` (``x Wᵀ + b``); under ``torch.func.vmap`` computed as
-    ``(W xᵀ)ᵀ + b``, the same product in the layout that suits stacked per-client weights.
-
-    Under the vectorised executor's ``vmap`` ``weight`` is a stack ``[C, out, in]``: ``x Wᵀ``
-    becomes a batched GEMM with a transposed right operand and, worse, a weight gradient in the
-    transposed layout, so that every SGD update reads it with strides; ``W xᵀ`` multiplies the
-    weights as stored and gives the gradient ``gᵀ x`` in the weights' own layout (W1 of
-    ``benchmarks/simulation_speed.py``: about 10 % less CPU per round).  Outside ``vmap`` (the
-    sequential executor, ``grad`` alone) it stays ``F.linear``, bit for bit; under ``vmap`` the
-    two agree to float rounding.
-
-    Example:
-        >>> x, w, b = torch.randn(5, 3), torch.randn(4, 3), torch.randn(4)
-        >>> vmapped = torch.func.vmap(lambda xi: linear(xi[None], w, b)[0])(x)
-        >>> torch.equal(linear(x, w, b), F.linear(x, w, b)), torch.allclose(vmapped, F.linear(x, w, b), atol=1e-6)
-        (True, True)
-    """
-    if not under_vmap():
-        return F.linear(x, weight, bias)
-    out = torch.matmul(weight, x.mT).mT
-    return out if bias is None else out + bias
-
-
 class LogReg(_ZooModel):
     """A single linear layer on the flattened input (logistic / softmax regression);
     ``bias=False`` drops the intercept (PERM's synthetic experiment, spec 003 pitfall P11)."""
@@ -155,7 +130,7 @@ class LogReg(_ZooModel):
 
     def functional_forward(self, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
         """``forward`` as a pure function of ``params`` (skips functional_call's overhead)."""
-        return self._finish(linear(x.flatten(1), params["linear.weight"], params.get("linear.bias")))
+        return self._finish(F.linear(x.flatten(1), params["linear.weight"], params.get("linear.bias")))
 
 
 class MLP(_ZooModel):
@@ -185,7 +160,7 @@ class MLP(_ZooModel):
         h = x.flatten(1)
         last = len(self._linear_names) - 1
         for i, name in enumerate(self._linear_names):
-            h = linear(h, params[f"{name}.weight"], params[f"{name}.bias"])
+            h = F.linear(h, params[f"{name}.weight"], params[f"{name}.bias"])
             if i < last:
                 h = torch.relu(h)
         return self._finish(h)
@@ -238,7 +213,7 @@ class FessCNN(_ZooModel):
         h = h.flatten(1)
         last = len(self._fc_names) - 1
         for i, name in enumerate(self._fc_names):
-            h = linear(h, params[f"{name}.weight"], params[f"{name}.bias"])
+            h = F.linear(h, params[f"{name}.weight"], params[f"{name}.bias"])
             if i < last:
                 h = torch.relu(h)
         return self._finish(h)
