@@ -149,7 +149,7 @@ in.  A block step allocates a few such stacks (gradients, updated weights), so a
 threshold page faults dominate: in a micro-benchmark (5 local steps under ``vmap``), blocks of
 600 clients of an MLP 784-64-10 (a 120 MiB stack of first-layer weights) took 1.6 ms CPU per
 client, blocks of 160 (32 MiB) 0.45-0.5 ms; ``benchmarks/RESULTS.md`` ("10,000 clients") has
-the end-to-end effect."""
+the end-to-end effect (with this issue's other changes: 20.8 -> 8.6 s per round)."""
 
 _TENSOR = object()  # marks a tensor position in a flattened tree whose other leaves are constants
 
