@@ -28,6 +28,11 @@ accuracy up to float rounding, except for ``floor``, which is a different algori
 * ``vmap``: a hand-written ``torch.func.vmap(grad)`` over all clients with stacked parameters
   and padded, stacked client data (the same draws, made in one block call inside the round as
   fedrisk's vectorised executor does).
+* ``stacked`` (not in the default set): per-client models by hand without ``vmap``: every
+  weight stacked ``[C, out, in]``, the forward pass as batched GEMMs ``W xᵀ`` in the weights'
+  own layout, ordinary autograd on the sum of the clients' mean losses (which gives each client
+  its own gradient), in-place ``torch._foreach_add_`` SGD updates: what removing every
+  framework cost from the vectorised executor could reach.
 * ``floor``: the compute floor: per local step, the round's minibatches of every client
   concatenated into one batch of ``C * 16`` rows on one model (``floor-2t``: 2 threads); its
   indices are computed before the timed rounds.  It trains a different (large-batch) model,
@@ -138,6 +143,7 @@ IMPLS = {
     "plain": Impl("plain"),
     "plain-optim": Impl("plain-optim"),
     "vmap": Impl("vmap"),
+    "stacked": Impl("stacked"),
     "floor": Impl("floor"),
     "floor-2t": Impl("floor", threads=2),
     "flower": Impl("flower"),
@@ -395,6 +401,39 @@ class VmapRunner(Runner):
             return accuracy(self.apply(self.w, self.fed.test.x), self.fed.test.y)
 
 
+class StackedRunner(Runner):
+    """Per-client models stacked by hand (no ``vmap``): batched GEMMs in the weights' layout,
+    autograd on the sum of the clients' losses, in-place foreach SGD (see the module docstring)."""
+
+    def __init__(self, workload: Workload) -> None:
+        super().__init__(workload)
+        self.w = initial_params(workload)
+        self.x, self.y, sizes = _padded(self.fed)
+        self.p = (sizes / sizes.sum()).float()
+        self.rows = torch.arange(len(self.fed.clients))[:, None]
+
+    def step(self, r: int) -> None:
+        wl, c = self.workload, len(self.fed.clients)
+        idx = block_draws(self.fed, wl, r)
+        values = [v.expand(c, *v.shape).clone() for v in self.w.values()]
+        for t in range(wl.local_steps):
+            xb, yb = self.x[self.rows, idx[:, t]], self.y[self.rows, idx[:, t]]
+            leaves = [v.detach().requires_grad_(True) for v in values]
+            h = xb.mT  # [C, features, B]: activations feature-major, weights as stored
+            for i in range(0, len(leaves), 2):
+                h = torch.baddbmm(leaves[i + 1][:, :, None], leaves[i], h)
+                if i + 2 < len(leaves):
+                    h = torch.relu(h)
+            loss = (torch.logsumexp(h, 1) - h.gather(1, yb[:, None, :])[:, 0]).mean(1).sum()
+            grads = torch.autograd.grad(loss, leaves)
+            torch._foreach_add_(values, list(grads), alpha=-wl.lr)
+        self.w = {k: torch.tensordot(self.p, v, dims=1) for k, v in zip(self.w, values)}
+
+    def accuracy(self) -> float:
+        with torch.no_grad():
+            return accuracy(make_algorithm(self.workload).model.apply(self.w, self.fed.test.x), self.fed.test.y)
+
+
 class FloorRunner(Runner):
     """The compute floor: each local step is one batch of every client's rows on one model."""
 
@@ -432,6 +471,7 @@ IN_PROCESS: dict[str, type[Runner]] = {
     "plain": PlainRunner,
     "plain-optim": PlainOptimRunner,
     "vmap": VmapRunner,
+    "stacked": StackedRunner,
     "floor": FloorRunner,
 }
 

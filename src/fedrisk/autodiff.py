@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch._C._functorch import peek_interpreter_stack
+from torch._C._functorch import TransformType, get_interpreter_stack, peek_interpreter_stack
 from torch.utils import _pytree as pytree
 
 from fedrisk.tree import Tree
@@ -29,6 +29,20 @@ from fedrisk.tree import Tree
 def in_functorch_transform() -> bool:
     """True while running under ``torch.func`` (vmap / grad)."""
     return peek_interpreter_stack() is not None
+
+
+def under_vmap(only: bool = False) -> bool:
+    """True while running under ``torch.func.vmap``; with ``only=True``, under ``vmap`` and no
+    other transform (no ``grad`` / ``jvp``: nothing differentiates through the code).
+
+    Example:
+        >>> under_vmap(), bool(torch.func.vmap(lambda x: torch.tensor(under_vmap()))(torch.ones(2)).all())
+        (False, True)
+        >>> bool(torch.func.vmap(torch.func.grad(lambda x: x * under_vmap(only=True)))(torch.ones(2)).any())
+        False
+    """
+    keys = [i.key() for i in get_interpreter_stack() or ()]
+    return bool(keys) and (all if only else any)(k == TransformType.Vmap for k in keys)
 
 
 def _flatten(tree: Tree) -> tuple[list[Any], Callable[[list[Any]], Tree]]:

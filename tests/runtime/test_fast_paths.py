@@ -93,3 +93,39 @@ def test_eager_sgd_steps_equal_the_generic_loop_bitwise(monkeypatch) -> None:
         assert fast.keys() == slow.keys() and all(torch.equal(fast[k], slow[k]) for k in fast)
         assert torch.equal(fast_loss, slow_loss)
     assert len(calls) == 2  # the eager loop really ran (once per model)
+
+
+def test_in_place_local_sgd_under_vmap_equals_the_out_of_place_loop(monkeypatch) -> None:
+    """Under ``vmap`` alone ``sgd_steps`` updates its own tensors in place from step 1 on: the
+    same numbers, bit for bit, as the out-of-place loop; the payload (shared by the block,
+    step 0) is never written; under ``vmap(grad(...))`` the loop stays out of place."""
+    from fedrisk.algorithms import local
+    from fedrisk.algorithms.base import LocalData
+    from fedrisk.models import FunctionalModel, build_model
+    from fedrisk.objectives.supervised import cross_entropy
+
+    model = FunctionalModel(build_model("mlp", (5,), 3, hidden=[7]))
+    params = model.init_params(0)
+    before = {k: v.clone() for k, v in params.items()}
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4, 9, 5, generator=g), torch.randint(0, 3, (4, 9), generator=g)
+    idx = torch.randint(0, 9, (4, 6, 2), generator=g)
+    objective = local.supervised_objective(model.apply, cross_entropy)
+
+    def run(p, xk, yk, ik):
+        return local.sgd_steps(objective, p, LocalData(xk, yk, torch.tensor(9)), ik, 0.1)
+
+    calls = []
+    original = local._sgd_update_
+    monkeypatch.setattr(local, "_sgd_update_", lambda *a: calls.append(1) or original(*a))
+    fast = torch.func.vmap(run, in_dims=(None, 0, 0, 0))(params, x, y, idx)
+    assert len(calls) == 5 * len(params)  # steps 1..5, every leaf
+    monkeypatch.setattr(local, "_under_vmap_only", lambda: False)
+    slow = torch.func.vmap(run, in_dims=(None, 0, 0, 0))(params, x, y, idx)
+    monkeypatch.undo()
+    assert all(torch.equal(fast[0][k], slow[0][k]) for k in params) and torch.equal(fast[1], slow[1])
+    assert all(torch.equal(params[k], before[k]) for k in params)
+    calls.clear()
+    monkeypatch.setattr(local, "_sgd_update_", lambda *a: calls.append(1) or original(*a))
+    outer = torch.func.vmap(torch.func.grad(lambda p, xk, yk, ik: run(p, xk, yk, ik)[1]), in_dims=(None, 0, 0, 0))
+    assert outer(params, x, y, idx)["layers.0.weight"].shape == (4, 7, 5) and not calls

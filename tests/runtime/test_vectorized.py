@@ -26,7 +26,7 @@ from fedrisk.data.federation import Federation, Samples
 from fedrisk.errors import FedriskError
 from fedrisk.models import FunctionalModel, build_model
 from fedrisk.objectives.supervised import cross_entropy
-from fedrisk.runtime import EXECUTORS, ClientFailure
+from fedrisk.runtime import EXECUTORS, ClientFailure, vectorized
 from fedrisk.runtime.simulation import Simulation
 from fedrisk.runtime.vectorized import DATA_COPIES, PARAM_COPIES, StackedReplies, VectorizedExecutor
 from fedrisk.tree import Tree
@@ -170,7 +170,7 @@ def test_auc_family_across_stage_boundaries(variant: str) -> None:
 
 def test_fedavg_float32_within_relative_tolerance() -> None:
     alg = FedAvg(
-        model=FunctionalModel(build_model("mlp", (D,), 2, hidden=[8])),
+        model=FunctionalModel(build_model("mlp", (D,), 2, hidden=[32])),
         loss=cross_entropy,
         lr=0.1,
         local_steps=5,
@@ -261,6 +261,30 @@ def test_automatic_block_size_from_the_memory_budget() -> None:
     assert ex.block_size_for(plan, sim.client_states, sim.data) == 1  # never below one client
     assert VectorizedExecutor(block_size=2).block_size_for(plan, sim.client_states, sim.data) == 2
     assert VectorizedExecutor(block_size=50).block_size_for(plan, sim.client_states, sim.data) == 5
+
+
+def test_automatic_block_size_keeps_stacked_leaves_within_the_cpu_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    alg = FedAvg(model=FunctionalModel(build_model("mlp", (D,), 2, hidden=[32])), loss=cross_entropy)
+    sim = Simulation(alg, FED, seed=0, dtype=F64, executor=VectorizedExecutor(memory_budget_mb=1024.0))
+    ex = sim.executor
+    plan = alg.configure(RoundContext(0, sim.info), sim.server_state, torch.Generator())
+    leaf = 32 * D * 8  # the first layer's weight [32, D] in float64: larger than a client's padded rows
+    assert max(SIZES) * (D * 8 + 8) < leaf
+    assert ex.largest_leaf_per_client(plan, sim.client_states, sim.data) == leaf
+    assert ex.block_size_for(plan, sim.client_states, sim.data) == 5  # the real 32 MiB: no cap
+    monkeypatch.setattr(vectorized, "CPU_STACKED_LEAF_BYTES", 2 * leaf + 1)
+    assert ex.block_size_for(plan, sim.client_states, sim.data) == 2
+    monkeypatch.setattr(vectorized, "CPU_STACKED_LEAF_BYTES", 2 * leaf - 1)  # one client's leaf is above half
+    assert ex.block_size_for(plan, sim.client_states, sim.data) == 5
+    monkeypatch.setattr(vectorized, "CPU_STACKED_LEAF_BYTES", 3 * leaf)
+    assert VectorizedExecutor(block_size=4).block_size_for(plan, sim.client_states, sim.data) == 4  # explicit wins
+    reference = Simulation(alg, FED, seed=0, dtype=F64)
+    capped = Simulation(alg, FED, seed=0, dtype=F64, executor=VectorizedExecutor())
+    for _ in range(2):
+        reference.step()
+        capped.step()
+    for name, value in reference.server_state["params"].items():
+        torch.testing.assert_close(capped.server_state["params"][name], value, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize(

@@ -20,10 +20,12 @@ from collections.abc import Callable
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+from torch._C._functorch import maybe_get_level
 
 from fedrisk.algorithms.base import LocalData
-from fedrisk.autodiff import in_functorch_transform, value_and_grad
+from fedrisk.autodiff import in_functorch_transform, under_vmap, value_and_grad
 from fedrisk.errors import FedriskError, check_int, check_positive, unknown_name
 from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree, tree_map
@@ -87,8 +89,30 @@ def sample_batch(
 
 
 def batch(data: LocalData, idx: Tensor) -> tuple[Tensor, Tensor]:
-    """The rows ``idx`` of a client's data as ``(x, y)``."""
+    """The rows ``idx`` of a client's data as ``(x, y)``.
+
+    Under ``vmap`` (the vectorised executor) the rows are gathered by :func:`rows`.
+    """
+    if under_vmap():
+        return rows(data.x, idx), rows(data.y, idx)
     return data.x[idx], data.y[idx]
+
+
+def rows(t: Tensor, idx: Tensor) -> Tensor:
+    """``t[idx]`` (rows of ``t`` by an int64 index of any shape) as an embedding lookup.
+
+    The same values; under ``vmap`` several times cheaper: the batching rule of ``x[idx]`` with
+    a batched ``x`` and a batched ``idx`` is a two-index advanced indexing (2.4-2.7 ms CPU for
+    1000 clients' minibatches of 16 rows of 64 features), that of ``F.embedding`` one row
+    gather from the flattened stack (0.4 ms).
+
+    Example:
+        >>> t, y, idx = torch.arange(12.0).reshape(3, 2, 2), torch.tensor([5, 6, 7]), torch.tensor([[2, 0], [1, 1]])
+        >>> torch.equal(rows(t, idx), t[idx]), torch.equal(rows(y, idx), y[idx])
+        (True, True)
+    """
+    flat = t if t.dim() == 2 else t.reshape(t.shape[0], -1)
+    return F.embedding(idx, flat).reshape(*idx.shape, *t.shape[1:])
 
 
 def supervised_objective(
@@ -142,15 +166,37 @@ def sgd_steps(
     ):
         return _eager_sgd_steps(objective, params, data, idx, lr)
     vg = value_and_grad(objective)
+    in_place = isinstance(lr, (int, float)) and _under_vmap_only()
     losses = []
     for t in range(idx.shape[0]):
         x, y = batch(data, idx[t])
         value, g = vg(params, x, y)
         if correction is not None:
             g = correction(params, g)
-        params = sgd_step(params, g, lr)
+        if in_place and t > 0 and type(params) is dict and type(g) is dict:
+            # params are this loop's own tensors from step 1 on: update them in place
+            params = {k: _sgd_update_(p, g[k], lr) for k, p in params.items()}
+        else:
+            params = sgd_step(params, g, lr)
         losses.append(value)
     return params, torch.stack(losses).mean()
+
+
+def _under_vmap_only() -> bool:
+    """True inside ``torch.func.vmap`` (the vectorised executor) with no ``grad`` / ``jvp``
+    transform around it: nothing differentiates through the local loop, so its own tensors
+    may be updated in place."""
+    return under_vmap(only=True)
+
+
+def _sgd_update_(param: Tensor, grad: Tensor, lr: float) -> Tensor:
+    """:func:`sgd_update` in place on ``param`` (a tensor the local loop made itself): the same
+    ``add`` with ``alpha = -lr``, hence the same numbers, without allocating a new stack of
+    per-client weights at every step.  Out of place when ``param`` requires grad or when
+    ``grad`` is batched at a vmap level where ``param`` is not (``param`` shared by the block)."""
+    if param.requires_grad or maybe_get_level(grad) > maybe_get_level(param):
+        return sgd_update(param, grad, lr)
+    return param.add_(grad, alpha=-lr)
 
 
 def _eager_sgd_steps(

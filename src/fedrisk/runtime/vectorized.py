@@ -78,7 +78,12 @@ gradient, the tensors autograd saves for one step, the reply, the new state and 
 and ``DATA_COPIES = 2`` (the gathered block data plus one minibatch-sized gather and the first
 layer's activations, which are at most about the size of the data).  Activations of wide or
 convolutional models are *not* estimated beyond that: for such models lower the budget or set
-``block_size``.  Results do not depend on the block size (up to float rounding).
+``block_size``.  On the CPU the automatic block is further capped so that a stacked
+``[C, ...]`` copy of the largest per-client tensor (a weight matrix, or the padded data rows)
+stays within :data:`CPU_STACKED_LEAF_BYTES` (32 MiB, what the C allocator recycles): larger
+stacks come as fresh, zeroed pages at every local step, which made blocks of 600 MLP 784-64-10
+clients about 3x slower per client than blocks of 160.  Results do not depend on the block
+size (up to float rounding).
 
 **Threads.**  The executor never changes torch's global thread settings.  Loops of many small
 operations (the sequential executor on small models) run fastest with
@@ -124,15 +129,27 @@ from fedrisk.algorithms.base import Algorithm, LocalData, RoundContext, RoundPla
 from fedrisk.errors import FedriskError, check_range
 from fedrisk.rng import client_generator
 from fedrisk.runtime.executor import ClientFailure, Executor, RoundOutput, _provably_finite, check_reply
-from fedrisk.tree import Tree, tree_all_finite, tree_map, tree_nbytes, tree_stack
+from fedrisk.tree import Tree, tensor_leaves, tree_all_finite, tree_map, tree_nbytes, tree_stack
 
-__all__ = ["DATA_COPIES", "PARAM_COPIES", "StackedReplies", "VectorizedExecutor"]
+__all__ = ["CPU_STACKED_LEAF_BYTES", "DATA_COPIES", "PARAM_COPIES", "StackedReplies", "VectorizedExecutor"]
 
 PARAM_COPIES = 8
 """Copies of (payload + state) one client holds under vmap, in the block-size estimate."""
 
 DATA_COPIES = 2
 """Copies of a client's padded data rows, in the block-size estimate."""
+
+CPU_STACKED_LEAF_BYTES = 32 * 2**20
+"""On the CPU the automatic block size keeps every stacked ``[C, ...]`` tensor within 32 MiB.
+
+32 MiB is glibc's largest dynamic ``mmap`` threshold: a freed block of up to that size goes back
+to the heap and the next step's tensors of the same size reuse it, while a larger one is
+returned to the kernel and every new one comes as fresh pages that the kernel zeroes and faults
+in.  A block step allocates a few such stacks (gradients, updated weights), so above the
+threshold page faults dominate: in a micro-benchmark (5 local steps under ``vmap``), blocks of
+600 clients of an MLP 784-64-10 (a 120 MiB stack of first-layer weights) took 1.6 ms CPU per
+client, blocks of 160 (32 MiB) 0.45-0.5 ms; ``benchmarks/RESULTS.md`` ("10,000 clients") has
+the end-to-end effect (with this issue's other changes: 20.8 -> 8.6 s per round)."""
 
 _TENSOR = object()  # marks a tensor position in a flattened tree whose other leaves are constants
 
@@ -403,14 +420,34 @@ class VectorizedExecutor(Executor):
         row = store.row_bytes
         return max(1, PARAM_COPIES * model + DATA_COPIES * n_max * row)
 
+    def largest_leaf_per_client(self, plan: RoundPlan, states: Mapping[int, Tree], data: Sequence[LocalData]) -> int:
+        """Bytes of one client's largest tensor in a block: its largest payload or state leaf
+        (a weight matrix, of which the block holds ``[C, ...]`` stacks: working copy, gradient,
+        update) or its padded data rows (``n_max * row_bytes``), whichever is larger."""
+        if not plan.clients:
+            return 1
+        k0 = plan.clients[0]
+        leaves = tensor_leaves(plan.payload(k0)) + tensor_leaves(states[k0])
+        model = max((x.numel() * x.element_size() for x in leaves), default=0)
+        store = self._store_of(data)
+        n_max = max(store.sizes[k] for k in plan.clients)
+        return max(1, model, n_max * store.row_bytes)
+
     def block_size_for(self, plan: RoundPlan, states: Mapping[int, Tree], data: Sequence[LocalData]) -> int:
         """The block size used for ``plan``: ``block_size`` if given, else
-        ``clamp(memory_budget / bytes_per_client, 1, len(plan.clients))``."""
+        ``clamp(memory_budget / bytes_per_client, 1, len(plan.clients))``, on the CPU further
+        capped so that a stacked ``[C, ...]`` tensor of the block's largest leaf stays within
+        :data:`CPU_STACKED_LEAF_BYTES` (unless one client's leaf alone is above half of it)."""
         m = max(1, len(plan.clients))
         if self.block_size is not None:
             return min(self.block_size, m)
         budget = self.memory_budget_mb * 2**20
-        return max(1, min(m, int(budget // self.bytes_per_client(plan, states, data))))
+        size = max(1, min(m, int(budget // self.bytes_per_client(plan, states, data))))
+        if self._store_of(data).x.device.type == "cpu":
+            leaf = self.largest_leaf_per_client(plan, states, data)
+            if 2 * leaf <= CPU_STACKED_LEAF_BYTES:
+                size = min(size, CPU_STACKED_LEAF_BYTES // leaf)
+        return size
 
     # -- one round --------------------------------------------------------------------------
     def run_round(
