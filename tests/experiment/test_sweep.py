@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 from typing import ClassVar
 
@@ -99,6 +100,30 @@ def test_sequential_sweep_report_skip_and_resume(tiny, tmp_path, monkeypatch, ca
     # running the sweep again skips everything and reports the same table
     again = run_sweep(cfg, out, variants=variants, seeds=[0, 1], progress="none")
     assert len(again.skipped) == 4 and again.report.table == table
+
+
+def test_a_signal_as_a_run_finishes_stops_the_sequential_sweep(tiny, tmp_path, monkeypatch):
+    """SIGTERM after a point's last round (while its summary is written): that point finishes,
+    no further point starts, and the next sweep command runs the rest."""
+    import fedrisk.experiment.runner as runner
+
+    tiny["run"]["rounds"] = 2
+    cfg = resolve_config(tiny)
+    out = tmp_path / "sweep"
+    original = runner.make_summary
+
+    def summary_then_sigterm(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(runner, "make_summary", summary_then_sigterm)
+        with pytest.raises(SweepInterrupted, match="SIGTERM received: sweep stopped"):
+            run_sweep(cfg, out, seeds=[0, 1, 2], progress="none")
+    assert (out / "seed=0" / "summary.json").is_file()
+    assert not (out / "seed=1").exists()
+    again = run_sweep(cfg, out, seeds=[0, 1, 2], progress="none")
+    assert [p.name for p in again.skipped] == ["seed=0"] and not again.failed
 
 
 def test_parallel_jobs_give_the_same_numbers(tiny, tmp_path):

@@ -538,6 +538,7 @@ class RunResult:
     summary: dict[str, Any]
     history: History
     primary: bool = True  # False in the non-writing processes of a distributed run
+    signal: int | None = None  # SIGINT / SIGTERM that arrived after the last round: the caller should stop
 
 
 def default_out_dir(cfg: ExperimentConfig) -> Path:
@@ -722,7 +723,7 @@ def _run(
             from fedrisk.experiment.plots import plot_run
 
             plot_run(load_run(rd.path), rd.plots)
-    return RunResult(rd.path, summary, history, primary)
+    return RunResult(rd.path, summary, history, primary, guard.signum)
 
 
 def _show(value: Any) -> str:

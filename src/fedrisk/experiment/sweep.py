@@ -241,7 +241,7 @@ def run_sweep(
     todo = [p for p in points if p not in skipped]
     echo(f"sweep: {len(points)} run(s) in {out} ({len(skipped)} already finished, {len(todo)} to run, jobs={jobs})")
     if jobs <= 1:
-        failed = _run_sequential(todo, len(points), progress, stream, echo)
+        failed = _run_sequential(todo, out, progress, stream, echo)
     else:
         failed = _run_parallel(todo, len(points), out, jobs, cfg, echo)
     done = [p.path for p in points if _has_records(RunDir(p.path))]
@@ -283,19 +283,24 @@ def _final_line(p: SweepPoint) -> str:
     return " ".join(f"{k}={format_number(v)}" for k, v in summary.get("final", {}).items())
 
 
-def _run_sequential(todo: list[SweepPoint], total: int, progress: str, stream: TextIO, echo) -> list:
+def _run_sequential(todo: list[SweepPoint], out: Path, progress: str, stream: TextIO, echo) -> list:
     failed = []
     for i, p in enumerate(todo, 1):
         mode = _mode(p)
         verb = "resuming" if mode["resume"] else "running"
         echo(f"[{i}/{len(todo)}] {verb} {p.name} -> {p.path}")
         try:
-            run_experiment(p.config, p.path, progress=progress, stream=stream, label=p.name, seed=p.seed, **mode)
+            result = run_experiment(
+                p.config, p.path, progress=progress, stream=stream, label=p.name, seed=p.seed, **mode
+            )
         except RunInterrupted:
             raise
         except FedriskError as exc:
             failed.append((p, str(exc)))
             echo(f"[{i}/{len(todo)}] FAILED {p.name}: {exc}")
+            continue
+        if result.signal is not None:  # the signal came as this run was finishing: start no other run
+            raise SweepInterrupted(result.signal, out)
     return failed
 
 
