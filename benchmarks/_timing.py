@@ -1,4 +1,4 @@
-"""Round timing shared by the round-cost benchmarks (``codasca_round_cost.py``, ``fedxl_round_cost.py``)."""
+"""Helpers shared by the benchmarks: round timing (`codasca_round_cost.py`, `fedxl_round_cost.py`) and JSON results."""
 
 from __future__ import annotations
 
@@ -20,3 +20,13 @@ def measure(sims: dict[str, Any], repeats: int, warmup: int) -> dict[str, dict[s
                 times[name]["wall"].append(wall)
                 times[name]["cpu"].append(cpu)
     return times
+
+
+def save_json(path: str, obj: Any, indent: int = 1) -> None:
+    """Write a benchmark's result ``obj`` to ``path`` as JSON, creating its folder."""
+    import json
+    import os
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump(obj, fh, indent=indent)

@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 
+from _timing import save_json  # this script's folder
+
 
 def _hwm_mb() -> dict[str, float]:
     """Current and peak RSS of this process, in MB (Linux ``/proc/self/status``)."""
@@ -135,9 +137,7 @@ def main() -> None:
                     flush=True,
                 )
     if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=2)
+        save_json(args.json, rows, indent=2)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ import resource
 import statistics
 import time
 
+from _timing import save_json  # this script's folder
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -79,9 +81,7 @@ def main() -> None:
     }
     print(json.dumps(result))
     if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=1)
+        save_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -85,6 +85,7 @@ from typing import Any
 import numpy as np
 import torch
 from _mlp import mlp  # this script's folder
+from _timing import save_json  # this script's folder
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch import Tensor, nn
@@ -921,9 +922,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                         )
     result = report(info, runs, pairs)
     if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=1)
+        save_json(args.json, result)
     return result
 
 

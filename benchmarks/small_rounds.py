@@ -33,7 +33,6 @@ Results: ``benchmarks/RESULTS.md`` (section "Many small rounds").
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _timing import save_json  # this script's folder
 from torch import Tensor, nn
 
 
@@ -231,9 +231,7 @@ def main() -> None:
             f"ratio of sums {got['ratio_of_sums']:.3f} (target <= 1.15); load average {os.getloadavg()[0]:.1f}"
         )
         if args.json:
-            os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-            with open(args.json, "w") as fh:
-                json.dump({"rounds": args.rounds, **got, "load_average": os.getloadavg()[0]}, fh, indent=1)
+            save_json(args.json, {"rounds": args.rounds, **got, "load_average": os.getloadavg()[0]})
         return
     run_fedrisk(config(20, 10))  # warm-up: imports, the data set's file cache
     run_hand(config(20, 10))
@@ -265,9 +263,7 @@ def main() -> None:
             f"(range {min(ratios):.3f}-{max(ratios):.3f}; target <= 1.15)"
         )
     if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w") as fh:
-            json.dump({"rounds": args.rounds, "pairs": rows}, fh, indent=1)
+        save_json(args.json, {"rounds": args.rounds, "pairs": rows})
 
 
 if __name__ == "__main__":
