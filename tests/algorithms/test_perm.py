@@ -28,6 +28,7 @@ from fedrisk.models import FunctionalModel, build_model
 from fedrisk.objectives.supervised import cross_entropy, mean_squared_error
 from fedrisk.runtime.evaluation import evaluate
 from fedrisk.runtime.simulation import Simulation
+from fedrisk.tree import tree_flatten_vector
 
 F64 = torch.float64
 D = 3
@@ -295,6 +296,12 @@ def logreg(dim: int = 10) -> FunctionalModel:
     return FunctionalModel(build_model("logreg", (dim,), 2, bias=False))
 
 
+def grad_at(params: dict, client: Samples) -> dict:
+    """grad f_k(params), the client's full-data mean cross-entropy of the bias-free logreg."""
+    x = client.x.to(F64)
+    return torch.func.grad(lambda p: cross_entropy(logreg(x.shape[1]).apply(p, x), client.y))(params)
+
+
 def same_cluster_mass(alpha: torch.Tensor, fed: Federation) -> float:
     cl = torch.tensor(fed.info["client_clusters"])
     return float((alpha * (cl[:, None] == cl[None, :])).sum(1).mean())
@@ -327,6 +334,47 @@ def test_alpha_stays_uniform_in_epoch_zero_and_during_warm_up() -> None:
             sim.step()
             is_uniform = torch.equal(sim.server_state["alpha"], uniform)
             assert is_uniform == (r < changed_at), (warmup, r)
+
+
+def test_fedavg_warm_up_trains_w_only_then_personalises_from_w_with_estimated_weights() -> None:
+    """``warmup = "fedavg"`` (spec §2.8's second reading): rounds 0..W-1 are FedAvg rounds on w
+    (uniform averaging of K steps of size gamma), the v_i stay at their start; the first estimate
+    round sets v_i = w^W and alpha from the gradients at w^W (no uniform epoch)."""
+    fed = two_clusters(N=4)
+    kw = {"model": logreg(), "loss": cross_entropy, "lr": 0.5, "local_steps": 2, "batch_size": 8, "global_lr": 0.5}
+    alg = PERM(**kw, lam=1.0, warmup_rounds=3, warmup="fedavg")
+    ref = FedAvg(model=logreg(), loss=cross_entropy, lr=0.5, local_steps=2, batch_size=8, weighting="uniform")
+    sim, fsim = Simulation(alg, fed, seed=0, dtype=F64), Simulation(ref, fed, seed=0, dtype=F64)
+    v0 = {k: x.clone() for k, x in sim.server_state["v"].items()}
+    assert [sim.step().kind for _ in range(3)] == ["fedavg"] * 3
+    for _ in range(3):
+        fsim.step()
+    w3 = sim.server_state["w"]
+    for k in w3:  # the warm-up is FedAvg with uniform averaging, and leaves the personal models alone
+        torch.testing.assert_close(w3[k], fsim.server_state["params"][k], rtol=1e-12, atol=1e-12)
+        assert torch.equal(sim.server_state["v"][k], v0[k])
+    uniform = torch.full((4, 4), 0.25, dtype=F64)
+    assert torch.equal(sim.server_state["alpha"], uniform)
+    assert sim.step().kind == "estimate"
+    assert all(torch.equal(sim.server_state["v"][k][i], w3[k]) for k in w3 for i in range(4))
+    grads = torch.stack([tree_flatten_vector(grad_at(w3, c)) for c in fed.clients])
+    expected = mixing_weights(squared_distances(grads), fed.client_sizes, 1.0)
+    torch.testing.assert_close(sim.server_state["alpha"], expected, rtol=1e-9, atol=1e-12)
+    assert same_cluster_mass(sim.server_state["alpha"], fed) > 0.99
+    assert [sim.step().kind for _ in range(5)] == ["shuffle"] * 4 + ["estimate"]
+
+
+def test_fedavg_warm_up_of_zero_rounds_skips_the_uniform_first_epoch() -> None:
+    fed = two_clusters(N=4)
+    kw = {"model": logreg(), "loss": cross_entropy, "lr": 0.5, "local_steps": 2, "batch_size": 8, "lam": 1.0}
+    sims = [Simulation(PERM(**kw, warmup=mode), fed, seed=0, dtype=F64) for mode in ("uniform", "fedavg")]
+    for sim in sims:
+        assert sim.step().kind == "estimate"
+    uniform, skipped = (s.server_state["alpha"] for s in sims)
+    assert torch.equal(uniform, torch.full((4, 4), 0.25, dtype=F64))
+    assert same_cluster_mass(skipped, fed) > 0.99  # the weights at the initial w already find the clusters
+    for k, w in sims[0].server_state["w"].items():  # the same global step either way
+        torch.testing.assert_close(w, sims[1].server_state["w"][k], rtol=1e-12, atol=1e-12)
 
 
 def test_global_step_is_one_minibatch_sgd_step_per_epoch() -> None:
@@ -411,8 +459,14 @@ def test_bad_hyper_parameters_and_empty_clients() -> None:
         PERM(model=logreg(), loss=cross_entropy, warmup_rounds=-1)
     with pytest.raises(FedriskError, match="weights"):
         PERMShuffling(model=logreg(), loss=cross_entropy, weights="dirichlet")
-    with pytest.raises(FedriskError, match="global_batch and warmup_rounds belong"):
+    with pytest.raises(FedriskError, match="warmup_rounds and warmup belong"):
         PERMTwoStage(model=logreg(), loss=cross_entropy, warmup_rounds=3)
+    with pytest.raises(FedriskError, match="warmup_rounds and warmup belong"):
+        PERMTwoStage(model=logreg(), loss=cross_entropy, warmup="fedavg")
+    with pytest.raises(FedriskError, match=r"unknown warmup 'fedav'\. Did you mean 'fedavg'"):
+        PERM(model=logreg(), loss=cross_entropy, warmup="fedav")
+    with pytest.raises(FedriskError, match="perm_hetero supports warmup = 'uniform' only"):
+        PERMHetero(model=FunctionalModel(build_model("mlp", (D,), 2, hidden=(4,))), loss=cross_entropy, warmup="fedavg")
     fed = two_clusters(N=4)
     empty = Federation("gap", [fed.clients[0], fed.clients[1].subset([])], 2)
     with pytest.raises(FedriskError, match=r"clients \[1\] have no training data"):
@@ -422,7 +476,7 @@ def test_bad_hyper_parameters_and_empty_clients() -> None:
 # ----------------------------------------------------------------------------- executors
 
 
-@pytest.mark.parametrize("name", ["perm", "perm_two_stage"])
+@pytest.mark.parametrize("name", ["perm", "perm_fedavg_warm_up", "perm_two_stage"])
 def test_vectorized_matches_sequential_over_whole_epochs(name: str) -> None:
     """Two epochs with learned weights (the suites in tests/runtime run only 3 rounds); unequal client sizes
     make the vectorised executor pad, which the masked full-batch gradient must ignore."""
@@ -431,7 +485,10 @@ def test_vectorized_matches_sequential_over_whole_epochs(name: str) -> None:
     fed = perm_two_cluster_federation(4, samples_per_client=12, dim=5, test_per_client=5, seed=2)
     fed = Federation("uneven", [c.subset(range(6 + 2 * k)) for k, c in enumerate(fed.clients)], 2)
     kw = {"model": logreg(5), "loss": cross_entropy, "lr": 0.3, "local_steps": 2, "batch_size": 4, "lam": 0.5}
-    alg = PERM(**kw, global_batch=3, warmup_rounds=2) if name == "perm" else PERMTwoStage(**kw, fedavg_rounds=2)
+    if name == "perm_two_stage":
+        alg = PERMTwoStage(**kw, fedavg_rounds=2)
+    else:
+        alg = PERM(**kw, global_batch=3, warmup_rounds=2, warmup="fedavg" if name.endswith("warm_up") else "uniform")
     sims = [
         Simulation(alg, fed, seed=1, dtype=F64, executor=ex) for ex in ("sequential", VectorizedExecutor(block_size=3))
     ]
@@ -548,7 +605,7 @@ def test_hetero_widths_that_cannot_be_served(model: str, widths: tuple, match: s
         PERMHetero(model=m, loss=cross_entropy, widths=widths)
 
 
-@pytest.mark.parametrize("name", ["synthetic", "fmnist"])
+@pytest.mark.parametrize("name", ["synthetic", "fmnist", "fmnist_scaled"])
 def test_shipped_configs_resolve_for_every_variant(name: str) -> None:
     from pathlib import Path
 

@@ -38,7 +38,12 @@ Resolved choices (spec pitfalls P1-P15):
   global step w^{r+1} = w^r - gamma mean_i g_i — the spec's "efficiency trick": the gradients at
   the same point serve both) followed by N *shuffle* rounds.  This is Alg. 2 with the loop
   rotated: alpha^r at w^r drives epoch r's personal updates, as in the paper (P4); alpha^0 is
-  uniform.  Warm-up: alpha stays uniform while ``round < warmup_rounds`` (P10).
+  uniform.  Warm-up (P10, the paper's "10 communication rounds as a warm-up phase before
+  initiating personalization"; its mechanism is not given): ``warmup = "uniform"`` keeps alpha
+  uniform while ``round < warmup_rounds`` (the spec's recommended reading); ``warmup = "fedavg"``
+  trains only w for ``warmup_rounds`` FedAvg rounds, then starts every v_i at w and estimates
+  alpha from the first estimate round on (the spec's other reading; with ``warmup_rounds = 0`` it
+  skips Alg. 2's uniform alpha^0).
 * No projection P_W (P8); the evaluated personal model is v_i as it stands (no (1/L) output step).
 * The server keeps the N models stacked ``[N, ...]`` and the N x N matrix alpha (P14).
 
@@ -82,6 +87,7 @@ from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree, tree_flatten_vector, tree_map, tree_stack
 
 FIXED_WEIGHTS = ("uniform", "samples", "local")
+WARMUPS = ("uniform", "fedavg")
 
 
 # ----------------------------------------------------------------------------- eq. (2): alpha
@@ -401,16 +407,27 @@ class PERM(PERMShuffling):
     * estimate round: every client uploads ``g_i = grad f_i(w^r)`` (full local data, or
       ``alpha_batch`` rows) and, if ``global_batch = M`` is set, an M-row minibatch gradient;
       the server sets ``alpha^r = mixing_weights(||g_i - g_j||^2, n, lam)`` (eq. (2); uniform in
-      epoch 0 and during warm-up) and takes the global step
+      epoch 0 and during warm-up unless ``warmup = "fedavg"``) and takes the global step
       ``w^{r+1} = w^r - gamma (1/N) sum_i g_i^M`` (Alg. 2 line "one minibatch-SGD step");
     * N shuffle rounds of Alg. 1 with alpha^r.
+
+    Warm-up, two readings of the paper's CIFAR-10 warm-up (spec §2.8):
+
+    * ``warmup = "uniform"`` (default; Alg. 2 as written): alpha^0 is uniform, and alpha stays
+      uniform while ``round < warmup_rounds``; the personal models train from round 0 (with
+      uniform weights each is a cyclic pass over all clients, i.e. not yet personalised).
+    * ``warmup = "fedavg"``: rounds ``0 .. warmup_rounds - 1`` are FedAvg rounds that train only
+      w (K steps of size gamma, uniform averaging, as Alg. 3); then every v_i starts at w and
+      every estimate round, the first included, computes alpha from the gradients — no epoch
+      runs with uniform weights.  ``warmup_rounds = 0`` skips only alpha^0's uniform epoch.
 
     Args (besides :class:`PERMShuffling`'s, whose ``weights`` is ignored):
         global_lr: gamma, the global model's step.
         global_batch: M, the minibatch of the global step (None: the full local gradient).
         lam: lam of eq. (2), > 0 (on the mean-loss scale).
         alpha_batch: rows of the gradient that defines D (None: the client's full data, P5).
-        warmup_rounds: rounds during which alpha stays uniform (the paper's CIFAR warm-up).
+        warmup_rounds: the warm-up's length in rounds (the paper's CIFAR warm-up).
+        warmup: ``"uniform"`` or ``"fedavg"`` (above).
 
     Example:
         >>> from fedrisk.models import FunctionalModel, build_model
@@ -428,12 +445,15 @@ class PERM(PERMShuffling):
     lam: float = 1.0
     alpha_batch: int | None = None
     warmup_rounds: int = 0
+    warmup: str = "uniform"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_range("global_lr", self.global_lr, 0.0, None, low_inclusive=False)
         check_range("lam", self.lam, 0.0, None, low_inclusive=False)
         check_range("warmup_rounds", self.warmup_rounds, 0)
+        if self.warmup not in WARMUPS:
+            raise unknown_name("warmup", self.warmup, WARMUPS)
         if self.global_batch is not None:
             check_range("global_batch", self.global_batch, 1)
         if self.alpha_batch is not None:
@@ -446,6 +466,8 @@ class PERM(PERMShuffling):
         return state
 
     def round_kind(self, server_state: Tree) -> str:
+        if self.warmup == "fedavg" and int(server_state["round"]) < self.warmup_rounds:
+            return "fedavg"
         return "estimate" if int(server_state["j"]) < 0 else "shuffle"
 
     def end_of_epoch(self, ctx: RoundContext, state: dict) -> dict:
@@ -453,9 +475,18 @@ class PERM(PERMShuffling):
         return state
 
     def aggregate_other(self, ctx: RoundContext, state: dict, replies: Replies, gen: torch.Generator) -> Tree:
+        if ctx.kind == "fedavg":
+            state["w"] = replies.mean("params")  # uniform averaging (Alg. 3's Local SGD)
+            return state
         w = state["w"]
         r = int(state["round"]) - 1  # this round's index
-        if r > 0 and r >= self.warmup_rounds:  # alpha^0 = uniform (Alg. 2), and uniform during warm-up
+        if self.warmup == "fedavg":  # the warm-up trained w only: v_i^0 = w, alpha estimated from now on
+            if r == self.warmup_rounds:
+                state["v"] = tree_stack([w] * ctx.fed.num_clients)
+            estimate = True
+        else:  # alpha^0 = uniform (Alg. 2), and uniform during warm-up
+            estimate = r > 0 and r >= self.warmup_rounds
+        if estimate:
             state["alpha"] = weights_from_replies(state["alpha"], replies, ctx.fed.client_sizes, self.lam, "grad_full")
         step = replies.mean("grad" if self.global_batch is not None else "grad_full")
         state["w"] = tree_map(lambda p, d: p - self.global_lr * d, w, step)
@@ -470,6 +501,10 @@ class PERM(PERMShuffling):
     def client_other(
         self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
     ) -> ClientResult:
+        if ctx.kind == "fedavg":  # warm-up / stage 1: K local SGD steps of size gamma on w
+            objective = supervised_objective(self.model.apply, self.loss)
+            params, loss = sgd_steps(objective, payload["params"], data, draws["batches"], self.global_lr)
+            return ClientResult({"params": params}, state, {"global_loss": loss})
         out = _estimate_gradients(self, payload["params"], data, draws)
         return ClientResult(out["reply"], state, {"global_loss": out["loss"]})
 
@@ -502,10 +537,10 @@ class PERMTwoStage(PERM):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_range("fedavg_rounds", self.fedavg_rounds, 0)
-        if self.global_batch is not None or self.warmup_rounds:
+        if self.global_batch is not None or self.warmup_rounds or self.warmup != "uniform":
             raise FedriskError(
-                "perm_two_stage trains the global model by FedAvg in stage 1 (fedavg_rounds); global_batch and "
-                "warmup_rounds belong to single-loop 'perm' - leave them unset"
+                "perm_two_stage trains the global model by FedAvg in stage 1 (fedavg_rounds); global_batch, "
+                "warmup_rounds and warmup belong to single-loop 'perm' - leave them unset"
             )
 
     def round_kind(self, server_state: Tree) -> str:
@@ -530,13 +565,3 @@ class PERMTwoStage(PERM):
         if ctx.kind == "estimate":
             return _estimate_draws(self, num_samples, rng)
         return {"batches": sample_batches(rng, num_samples, self.local_steps, self.batch_size, self.sampling)}
-
-    def client_other(
-        self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
-    ) -> ClientResult:
-        if ctx.kind == "fedavg":
-            objective = supervised_objective(self.model.apply, self.loss)
-            params, loss = sgd_steps(objective, payload["params"], data, draws["batches"], self.global_lr)
-            return ClientResult({"params": params}, state, {"global_loss": loss})
-        return super().client_other(ctx, payload, state, data, draws)
-

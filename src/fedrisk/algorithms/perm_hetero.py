@@ -117,6 +117,10 @@ class PERMHetero(PERM):
         super().__post_init__()
         if not self.widths:
             raise FedriskError("widths must name at least one width in (0, 1]")
+        if self.warmup != "uniform":
+            raise FedriskError(
+                f"perm_hetero supports warmup = 'uniform' only (alpha uniform for warmup_rounds); got {self.warmup!r}"
+            )
         width_mask(self.init_params(torch.Generator().manual_seed(0)), 1.0)  # the model can be masked at all
         for r in self.widths:
             width_mask(self.init_params(torch.Generator().manual_seed(0)), r)
