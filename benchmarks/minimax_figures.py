@@ -161,10 +161,9 @@ def ncsc(root: Path, png: Path) -> None:
 def kappa(root: Path, png: Path, eps: tuple[float, ...] = (1.0, 0.1, 0.01)) -> None:
     """The condition-number sweep: ‖∇Φ‖ vs rounds per (algorithm, μ) and the rounds-to-ε table
     (the first evaluated round at which the seed-mean ‖∇Φ‖ is ≤ ε; "–": not within the run).
-    With ``lr_dual`` in the grid, the one kept per (algorithm, μ) is the one whose seed-mean
+    With step sizes in the grid, the setting kept per (algorithm, μ) is the one whose seed-mean
     reaches the smallest ε, first (ties: the lower mean minimum); a diverged run ranks last."""
     pat = re.compile(r"^(\w+),.*algorithm\.quadratic_mu=([\d.e-]+)")
-    dual = re.compile(r"algorithm\.lr_dual=([\d.e-]+)")
     best: dict[tuple[float, str], tuple[tuple, str, list]] = {}
     for label, runs in groups(root).items():
         m = pat.match(label)
@@ -176,15 +175,15 @@ def kappa(root: Path, png: Path, eps: tuple[float, ...] = (1.0, 0.1, 0.01)) -> N
         low = sum(min(r["grad_phi_norm"] for r in run.records) for run in runs) / len(runs)
         diverged = any(run.summary.get("status") != "finished" for run in runs)
         score = (diverged, -len(reached), hits[reached[-1]] if reached else 0, low if math.isfinite(low) else math.inf)
-        d = dual.search(label)
+        hyper = ", ".join(p.replace("algorithm.", "") for p in label.split(",")[1:] if "quadratic_mu" not in p)
         key = (float(m.group(2)), m.group(1))
         if key not in best or score < best[key][0]:
-            best[key] = (score, d.group(1) if d else "–", runs)
+            best[key] = (score, hyper or "–", runs)
     fig, ax = plt.subplots(figsize=(6, 4))
     cols = " | ".join(f"first round ≤ {e:g}" for e in eps)
-    print(f"| algorithm | μ | lr_dual | seeds | ‖∇Φ‖ @0 | @100 | final | min over rounds | {cols} |")
+    print(f"| algorithm | μ | step sizes | seeds | ‖∇Φ‖ @0 | @100 | final | min over rounds | {cols} |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(eps))
-    for (mu, alg), (_, lr_dual, runs) in sorted(best.items(), key=lambda kv: (-kv[0][0], kv[0][1])):
+    for (mu, alg), (_, hyper, runs) in sorted(best.items(), key=lambda kv: (-kv[0][0], kv[0][1])):
         xs, mean, _ = series(runs, "grad_phi_norm")
         ax.plot(xs, mean, label=f"{alg}, μ = {mu:g}", linestyle="-" if alg == "fessgda" else "--")
 
@@ -196,7 +195,7 @@ def kappa(root: Path, png: Path, eps: tuple[float, ...] = (1.0, 0.1, 0.01)) -> N
         low = [min(r["grad_phi_norm"] for r in run.records) for run in runs]
         hits = [next((str(x) for x, v in zip(xs, mean) if v <= e), "–") for e in eps]
         cells = [at(0), at(100), fmt(final, ".3g", ".1g"), fmt(low, ".3g", ".1g"), *hits]
-        print(f"| {alg} | {mu:g} | {lr_dual} | {len(runs)} | " + " | ".join(cells) + " |")
+        print(f"| {alg} | {mu:g} | {hyper} | {len(runs)} | " + " | ".join(cells) + " |")
     ax.set_yscale("log")
     ax.set_xlabel("round")
     ax.set_ylabel("‖∇Φ(x)‖")
