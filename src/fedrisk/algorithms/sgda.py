@@ -151,6 +151,11 @@ class LocalSGDA(Algorithm):
         clients_per_round: m (None: all M clients every round).
         sampling: ``"with_replacement"`` or ``"shuffle"`` minibatches.
         game / dual_dim / group_attr / wgan_lambda / quadratic_*: the objective (module docstring).
+        freeze_dual: keep ``y = y_0`` (no dual steps): the ERM baseline of spec §7.2-B3 (uniform
+            weights on the simplex) with the same rounds, minibatches and primal steps.
+        stationarity: also report the full-batch stationarity measures of Def. 2.1 (with ``l = 1``),
+            ``stationarity_x = ||∇_x f(x, y)||`` and ``stationarity_y = ||P_Y(y + ∇_y f(x, y)) − y||``
+            of eq. (1) over all clients' training rows (one pass over the data per evaluation).
     """
 
     name: ClassVar[str] = "local_sgda"
@@ -172,6 +177,8 @@ class LocalSGDA(Algorithm):
     quadratic_curvature: float = 1.0
     quadratic_mu: float = 1.0
     quadratic_seed: int = 0
+    freeze_dual: bool = False
+    stationarity: bool = False
 
     def __post_init__(self) -> None:
         _positive("lr", self.lr)
@@ -358,7 +365,7 @@ class LocalSGDA(Algorithm):
             payload["y"],
             self.local_steps,
             self.lr,
-            lr_dual=self.lr_y,
+            lr_dual=0.0 if self.freeze_dual else self.lr_y,
             project_dual=self.projection(ctx.fed),
         )
 
@@ -385,6 +392,8 @@ class LocalSGDA(Algorithm):
             out["grad_phi_norm"] = float(torch.linalg.vector_norm(grad))
         else:
             out["dual_max"] = float(y.max())
+            if self.stationarity:
+                out.update(self.stationarity_measures(x, y, federation))
             test = federation.test
             if self.game == "fair_group" and test is not None and self.group_attr in test.attrs and len(test):
                 from fedrisk.metrics import worst_group_accuracy
@@ -393,6 +402,23 @@ class LocalSGDA(Algorithm):
                     scores = self.model.apply(x, test.x.to(tensor_leaves(x)[0].dtype))
                 out["test_worst_group_accuracy"] = worst_group_accuracy(scores, test.y, test.attrs[self.group_attr])
         return out
+
+    def stationarity_measures(self, x: Tree, y: Tensor, federation: Any) -> dict[str, float]:
+        """Def. 2.1 with ``l = 1`` on the full training data: ``||∇_x f||`` and
+        ``||P_Y(y + ∇_y f) − y||`` for ``f = (1/M) Σ_i f_i`` (eq. (1), every row of every client)."""
+
+        def f(xy: tuple[Tree, Tensor]) -> Tensor:
+            total = []
+            for c in federation.clients:
+                data = LocalData(c.x.to(y.dtype), c.y, torch.tensor(len(c)), dict(c.attrs))
+                total.append(self.objective(xy[0], xy[1], data, torch.arange(len(c))))
+            return torch.stack(total).mean()
+
+        _, (gx, gy) = value_and_grad(f)((x, y))
+        grad_x = torch.sqrt(sum((g.to(torch.float64) ** 2).sum() for g in tensor_leaves(gx)))
+        proj = self.projection(federation)
+        step = (y + gy) if proj is None else proj(y + gy)
+        return {"stationarity_x": float(grad_x), "stationarity_y": float(torch.linalg.vector_norm(step - y))}
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,15 @@ targets ``μ̂ ± σ̂``, so that the ``mse`` of the generator on it is exactly 
 row it is (``partition = "by_attribute"``).  The game itself (the matrix ``A``, ``c``, ``μ``) is
 the algorithm's (``game = "quadratic"``).
 
+``fair_groups_toy`` (§7.2-B3): a synthetic binary task with ``num_groups`` groups of unequal size
+and difficulty for eq. (2) over groups.  Features ``x ~ N(0, I_dim)``; group ``g``'s label is
+``1[w_g · x > 0]`` (flipped with probability ``label_noise``) with ``w_g`` the shared unit
+direction ``u`` tilted by ``tilt · g / (num_groups − 1)`` towards a random unit direction, so
+no linear rule fits every group and the small, most-tilted groups lose under ERM.  Group sizes
+halve from group to group (``largest`` rows for group 0); the test split has ``test_per_group``
+rows of every group.  ``attrs["group"]`` holds the group id (``game = "fair_group"``,
+``group_attr = "group"``).
+
 Example:
     >>> tr, te, meta = wgan_1d_data(num_samples=4, seed=0)
     >>> tr.x.shape, te.y.tolist(), meta.notes["target_sigma"]
@@ -29,7 +38,7 @@ from fedrisk.data.loaders import DATASETS, DatasetMeta, LoadedDataset
 from fedrisk.data.transforms import derive_seed
 from fedrisk.errors import check_range
 
-__all__ = ["nc_sc_quadratic_data", "wgan_1d_data"]
+__all__ = ["fair_groups_toy_data", "nc_sc_quadratic_data", "wgan_1d_data"]
 
 
 def _gen(seed: int, tag: str) -> torch.Generator:
@@ -96,5 +105,55 @@ def nc_sc_quadratic_data(
         source="generated",
         attr_names={"client": [str(k) for k in range(num_clients)]},
         notes={"natural_attribute": "client", "b": b.tolist()},
+    )
+    return LoadedDataset(train, test, meta)
+
+
+@DATASETS.register("fair_groups_toy", "FESS-GDA spec B3: 5 groups of unequal size and difficulty (attr 'group')")
+def fair_groups_toy_data(
+    *,
+    seed: int = 0,
+    num_groups: int = 5,
+    dim: int = 10,
+    largest: int = 2400,
+    tilt: float = 2.0,
+    label_noise: float = 0.02,
+    test_per_group: int = 1000,
+) -> LoadedDataset:
+    """The form (2) toy of spec §7.2-B3 (see the module docstring).
+
+    Example:
+        >>> tr, te, meta = fair_groups_toy_data(largest=16, test_per_group=2)
+        >>> len(tr), tr.attrs["group"].bincount().tolist(), len(te), meta.num_classes
+        (31, [16, 8, 4, 2, 1], 10, 2)
+    """
+    for name, v in (("num_groups", num_groups), ("dim", dim), ("largest", largest)):
+        check_range(name, v, 1, None)
+    check_range("test_per_group", test_per_group, 0, None)
+    check_range("tilt", tilt, 0.0, None)
+    check_range("label_noise", label_noise, 0.0, 0.5)
+    g = _gen(seed, "fair_groups_toy")
+    u = torch.randn(dim, generator=g)
+    u = u / u.norm()
+    frac = torch.arange(num_groups, dtype=torch.float32) / max(num_groups - 1, 1)
+    tilted = u + tilt * frac[:, None] * torch.nn.functional.normalize(torch.randn(num_groups, dim, generator=g), dim=1)
+    w = torch.nn.functional.normalize(tilted, dim=1)
+
+    def draw(counts: list[int]) -> Samples:
+        group = torch.repeat_interleave(torch.arange(num_groups), torch.tensor(counts, dtype=torch.long))
+        x = torch.randn(len(group), dim, generator=g)
+        label = ((x * w[group]).sum(1) > 0).long()
+        flip = torch.rand(len(group), generator=g) < label_noise
+        return Samples(x, torch.where(flip, 1 - label, label), {"group": group})
+
+    train = draw([largest >> k for k in range(num_groups)])
+    test = draw([test_per_group] * num_groups)
+    meta = DatasetMeta(
+        "fair_groups_toy",
+        2,
+        ["0", "1"],
+        source="generated",
+        attr_names={"group": [str(k) for k in range(num_groups)]},
+        notes={"group_sizes": [largest >> k for k in range(num_groups)], "tilt": tilt},
     )
     return LoadedDataset(train, test, meta)
