@@ -389,3 +389,15 @@ def test_full_batch_is_deterministic_and_differs_from_minibatches() -> None:
     wa, wb, wc = (tree_flatten_vector(s.server_state["v"]) for s in (a, b, c))
     assert torch.equal(wa, wb)  # no draw: the seed does not matter without an attack
     assert float(torch.linalg.vector_norm(wa - wc)) > 1e-3
+
+
+def test_a_lipschitz_far_below_the_data_bound_is_warned_about() -> None:
+    fed = federation()  # blobs: max ||x||^2 + 1 is far above 1
+    with pytest.warns(UserWarning, match=r"lipschitz = 1 is below a tenth of max_i \|\|x_i\|\|\^2 \+ 1"):
+        Simulation(frpg(lipschitz=1.0), fed, dtype=F64)
+    bound = 1 + max(float((c.x**2).sum(1).max()) for c in fed.clients)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Simulation(frpg(lipschitz=bound), fed, dtype=F64)

@@ -50,7 +50,8 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -58,7 +59,7 @@ import torch
 from torch import Tensor
 
 from fedrisk.aggregators.base import Aggregator, Mean, Replies
-from fedrisk.algorithms.base import Algorithm, ClientResult, LocalData, RoundContext, RoundPlan
+from fedrisk.algorithms.base import Algorithm, ClientResult, FedInfo, LocalData, RoundContext, RoundPlan
 from fedrisk.algorithms.local import (
     batch,
     check_sampling,
@@ -235,6 +236,22 @@ class FRPG(_ServerModel):
             check_positive("lipschitz_server", self.lipschitz_server)
         check_range("batch_size", self.batch_size, 1)
         check_sampling(self.sampling)
+
+    def check_data(self, fed: FedInfo, data: Sequence[LocalData]) -> None:
+        """Warn when ``lipschitz`` is far below the paper's L_n of softmax regression,
+        ``max_i ||x_i||^2 + 1`` (with the bias) over the training rows: the worker steps
+        ``1/alpha_n`` of (17) are then up to that ratio too long.  ``fedrisk run`` on a
+        ``configs/byzantine`` file (whose FRPG settings live in ``[sweep.variants]``) without
+        ``--set algorithm.lipschitz=...`` runs at the default 1.0."""
+        norms = [float((d.x[: int(d.size)].reshape(int(d.size), -1) ** 2).sum(1).max()) for d in data if int(d.size)]
+        bound = 1.0 + max(norms, default=0.0)
+        if self.lipschitz < 0.1 * bound:
+            warnings.warn(
+                f"{self.name}: lipschitz = {self.lipschitz:g} is below a tenth of max_i ||x_i||^2 + 1 = {bound:.4g} "
+                "of the training data (the paper's L_n for softmax regression); the worker steps 1/alpha_n of "
+                "eq. (17) may be too long",
+                stacklevel=2,
+            )
 
     @property
     def l0(self) -> float:
