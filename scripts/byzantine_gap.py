@@ -114,17 +114,22 @@ def main() -> None:
     ap.add_argument("--continuation", type=int, default=2, help="extra stages at 10^k mu, k = this .. 1")
     ap.add_argument("--full-batch", action="store_true", help="every slot on the worker's whole local data")
     ap.add_argument("--variants", nargs="+", default=["seq"], choices=["seq", "lit"], help="LFRPG readings of (21a)")
+    ap.add_argument("--no-frpg", action="store_true", help="run only LFRPG")
+    ap.add_argument("--fstar", type=float, nargs="+", help="F* per seed (skips L-BFGS), e.g. from an earlier run")
     ap.add_argument("--img", type=Path, default=Path("docs/results/img/byzantine_digits_gap.png"))
     args = ap.parse_args()
     reliable = list(range(20 if args.attack == "none" else 16))
-    runs = {"FRPG": ("frpg", {}, args.rounds)}
+    runs = {} if args.no_frpg else {"FRPG": ("frpg", {}, args.rounds)}
     for variant in args.variants:
         runs[f"LFRPG (T=10, {variant})"] = ("lfrpg", {"local_slots_per_round": 10, "variant": variant}, args.frames)
     curves: dict[str, dict[int, list[float]]] = {label: {} for label in runs}
-    for seed in args.seeds:
-        fstar = None
+    for i, seed in enumerate(args.seeds):
+        fstar = args.fstar[i] if args.fstar else None
+        F = None
         for label, (name, extra, rounds) in runs.items():
             sim = build(name, args.attack, args.mu, seed, extra, args.full_batch)
+            if F is None:
+                F = objective(sim, args.mu, reliable)
             if fstar is None:
                 mus = [args.mu * 10**k for k in range(args.continuation, 0, -1)] + [args.mu]
                 stages = [objective(sim, m, reliable) for m in mus]
@@ -140,7 +145,10 @@ def main() -> None:
                         curves[label].setdefault(r, []).append(float(F(state_matrix(sim, reliable))) - fstar)
     print(f"\n| rounds | {' | '.join(curves)} |")
     print("|---:|" + "---:|" * len(curves))
-    marks = sorted({r for c in curves.values() for r in c if r % (5 * args.every) == 0 or r == args.every})
+    marks = set()
+    for c in curves.values():  # short curves: every evaluation; long ones: every 5th and the first
+        marks |= set(c) if len(c) <= 12 else {r for r in c if r % (5 * args.every) == 0 or r == args.every}
+    marks = sorted(marks)
 
     def cell(values: list[float] | None) -> str:
         if not values:
