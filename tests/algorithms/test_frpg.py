@@ -401,3 +401,16 @@ def test_a_lipschitz_far_below_the_data_bound_is_warned_about() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Simulation(frpg(lipschitz=bound), fed, dtype=F64)
+
+
+@pytest.mark.parametrize("name", ["digits", "mnist5k", "fmnist", "fmnist_short"])
+def test_byzantine_configs_set_lipschitz_in_every_frpg_variant(name: str) -> None:
+    from pathlib import Path
+
+    from fedrisk.experiment.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "byzantine" / f"{name}.toml")
+    variants = {k: v for k, v in cfg["sweep.variants"].items() if v.get("algorithm.name") in ("frpg", "lfrpg")}
+    assert set(variants) == {"frpg", "lfrpg"}
+    for v in variants.values():
+        assert v["algorithm.lipschitz"] > 10  # max ||x||^2 + 1 of the data, not the default 1.0
