@@ -2,7 +2,13 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/byzantine_gap.py --rounds 400 --frames 200 --mu 1e-3 --seeds 0 1 2
 
-F of eq. (5) counts the N = 16 reliable workers only (spec P10):
+Spec checks 7.2.6 and 7.2.8 (deterministic, no attack, full local gradients, mu = 1e-2)::
+
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/byzantine_gap.py --attack none --full-batch --mu 1e-2 \
+        --rounds 3000 --frames 200 --every 50 --seeds 0 --img docs/results/img/byzantine_digits_gap_full.png
+
+F of eq. (5) counts the N = 16 reliable workers only (spec P10; with ``--attack none`` all 20 workers
+are reliable and F counts all of them):
 ``F(w) = sum_n [CE_n(w_n) + delta/2 ||w_n||^2 + lambda p(w_0 - w_n)] + delta_0/2 ||w_0||^2`` with
 ``CE_n`` the mean cross-entropy over worker n's training rows.  ``F*`` comes from L-BFGS on the
 joint ``(N + 1) d`` variable by continuation in mu (``--continuation``: solve at 100 mu, then 10 mu,
@@ -25,17 +31,17 @@ import torch
 from fedrisk.experiment.config import resolve_config
 from fedrisk.experiment.runner import build_simulation
 from fedrisk.objectives.penalties import huber_l2
-from fedrisk.tree import tree_flatten_vector
+from fedrisk.tree import tree_flatten_vector, tree_map
 
 LAM, DELTA, DELTA0, LIP = 1.6, 0.003, 0.003, 24.1
 
 
-def build(name: str, attack: str, mu: float, seed: int, extra: dict):
+def build(name: str, attack: str, mu: float, seed: int, extra: dict, full_batch: bool = False):
     raw = {
         "data": {"dataset": "digits", "partition": "class_groups", "num_clients": 20},
         "model": {"name": "logreg"},
         "algorithm": {"name": name, "lam": LAM, "mu": mu, "delta": DELTA, "delta_server": DELTA0,
-                      "lipschitz": LIP, "batch_size": 10, **extra},
+                      "lipschitz": LIP, "batch_size": 10, "full_batch": full_batch, **extra},
         "run": {"dtype": "float64", "executor": "vectorized", "seed": seed},
     }
     if attack != "none":
@@ -90,7 +96,8 @@ def state_matrix(sim, reliable: list[int]) -> torch.Tensor:
     rows = [tree_flatten_vector(sim.algorithm.global_params(sim.server_state))]
     for k in reliable:
         st = sim.client_states[k]
-        rows.append(tree_flatten_vector(st["w"]))
+        w = st["w"] if "w" in st else tree_map(lambda p: p[-1], st["w_slots"])  # lit: the frame's last slot
+        rows.append(tree_flatten_vector(w))
     return torch.stack(rows)
 
 
@@ -105,18 +112,24 @@ def main() -> None:
     ap.add_argument("--lbfgs-iters", type=int, default=3000)
     ap.add_argument("--grad-tol", type=float, default=1e-3)
     ap.add_argument("--continuation", type=int, default=2, help="extra stages at 10^k mu, k = this .. 1")
+    ap.add_argument("--full-batch", action="store_true", help="every slot on the worker's whole local data")
+    ap.add_argument("--variants", nargs="+", default=["seq"], choices=["seq", "lit"], help="LFRPG readings of (21a)")
+    ap.add_argument("--no-frpg", action="store_true", help="run only LFRPG")
+    ap.add_argument("--fstar", type=float, nargs="+", help="F* per seed (skips L-BFGS), e.g. from an earlier run")
     ap.add_argument("--img", type=Path, default=Path("docs/results/img/byzantine_digits_gap.png"))
     args = ap.parse_args()
-    reliable = list(range(16))
-    runs = {
-        "FRPG": ("frpg", {}, args.rounds),
-        "LFRPG (T=10, seq)": ("lfrpg", {"local_slots_per_round": 10}, args.frames),
-    }
+    reliable = list(range(20 if args.attack == "none" else 16))
+    runs = {} if args.no_frpg else {"FRPG": ("frpg", {}, args.rounds)}
+    for variant in args.variants:
+        runs[f"LFRPG (T=10, {variant})"] = ("lfrpg", {"local_slots_per_round": 10, "variant": variant}, args.frames)
     curves: dict[str, dict[int, list[float]]] = {label: {} for label in runs}
-    for seed in args.seeds:
-        fstar = None
+    for i, seed in enumerate(args.seeds):
+        fstar = args.fstar[i] if args.fstar else None
+        F = None
         for label, (name, extra, rounds) in runs.items():
-            sim = build(name, args.attack, args.mu, seed, extra)
+            sim = build(name, args.attack, args.mu, seed, extra, args.full_batch)
+            if F is None:
+                F = objective(sim, args.mu, reliable)
             if fstar is None:
                 mus = [args.mu * 10**k for k in range(args.continuation, 0, -1)] + [args.mu]
                 stages = [objective(sim, m, reliable) for m in mus]
@@ -132,7 +145,10 @@ def main() -> None:
                         curves[label].setdefault(r, []).append(float(F(state_matrix(sim, reliable))) - fstar)
     print(f"\n| rounds | {' | '.join(curves)} |")
     print("|---:|" + "---:|" * len(curves))
-    marks = sorted({r for c in curves.values() for r in c if r % (5 * args.every) == 0 or r == args.every})
+    marks = set()
+    for c in curves.values():  # short curves: every evaluation; long ones: every 5th and the first
+        marks |= set(c) if len(c) <= 12 else {r for r in c if r % (5 * args.every) == 0 or r == args.every}
+    marks = sorted(marks)
 
     def cell(values: list[float] | None) -> str:
         if not values:
@@ -157,7 +173,8 @@ def main() -> None:
     ax.set_yscale("log")
     ax.set_xlabel("communication rounds")
     ax.set_ylabel("F(w) - F*  (reliable workers, eq. (5))")
-    ax.set_title(f"digits, attack: {args.attack}, mu = {args.mu:g}, seeds {args.seeds}")
+    mode = "full batch" if args.full_batch else "batch 10"
+    ax.set_title(f"digits, attack: {args.attack}, mu = {args.mu:g}, {mode}, seeds {args.seeds}")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

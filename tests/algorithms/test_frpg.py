@@ -20,6 +20,7 @@ from fedrisk.objectives.penalties import huber_l2
 from fedrisk.objectives.supervised import cross_entropy
 from fedrisk.rng import client_generator
 from fedrisk.runtime.simulation import Simulation
+from fedrisk.runtime.vectorized import VectorizedExecutor
 from fedrisk.tree import tree_flatten_vector
 
 F64 = torch.float64
@@ -319,3 +320,97 @@ def test_robust_sgd_with_bucketing_is_executor_independent() -> None:
     b = _run(make(), GaussianAttack(1e4), [7], rounds=4, executor="vectorized")
     wa, wb = tree_flatten_vector(a.server_state["w"]), tree_flatten_vector(b.server_state["w"])
     assert torch.allclose(wa, wb, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- full-batch mode (7.2.6-7.2.8)
+def uneven_federation() -> Federation:
+    """The blob federation with clients of 7..30 rows (the vectorised executor pads the smaller ones)."""
+    fed = federation()
+    clients = [Samples(c.x[: 30 - 3 * k], c.y[: 30 - 3 * k]) for k, c in enumerate(fed.clients)]
+    return Federation("uneven", clients, num_classes=CLASSES, test=fed.test)
+
+
+def test_full_batch_slot_uses_the_whole_local_objective() -> None:
+    alg, fed = frpg(full_batch=True), federation(2)
+    ctx = RoundContext(4, FedInfo(2, (30, 30), CLASSES))  # slot k = 5
+    params = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(2), dtype=F64) for k, v in
+              alg.init_params(torch.Generator()).items()}
+    state = {"w": params, "v": {k: 0.5 * v for k, v in params.items()}}
+    payload = {"w0": {k: 0.1 - v for k, v in params.items()}}
+    data = LocalData(fed.clients[1].x, fed.clients[1].y, torch.tensor(30))
+    draws = alg.draw(ctx, 1, 30, client_generator(0, round=4, client=1))
+    assert draws == {}  # nothing random in a full-batch slot
+    out = alg.client_update(ctx, payload, state, data, draws)
+    beta, _, alpha = alg.schedule(5)
+    w, v, w0 = (tree_flatten_vector(t) for t in (state["w"], state["v"], payload["w0"]))
+    u = (1 - beta) * w + beta * v
+    sizes = [p.numel() for p in params.values()]
+    pieces = zip(params, torch.split(u, sizes))
+    leaves = {k: t.reshape(params[k].shape).detach().requires_grad_(True) for k, t in pieces}
+    loss = cross_entropy(alg.model.apply(leaves, data.x), data.y)  # mean over all 30 rows
+    s = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(leaves.values()))]) + alg.delta * u
+    w_ref, g_ref, v_ref = frpg_worker_slot(u, v, w0, s, alpha, beta, alg.delta, alg.lam, alg.mu)
+    assert torch.allclose(out.reply["g"], g_ref, atol=1e-12)
+    assert torch.allclose(tree_flatten_vector(out.state["w"]), w_ref, atol=1e-12)
+    assert torch.allclose(tree_flatten_vector(out.state["v"]), v_ref, atol=1e-12)
+    assert float(out.metrics["loss"]) == pytest.approx(float(loss.detach()), abs=1e-12)
+
+
+def _run_uneven(alg, executor, seed: int = 0, rounds: int = 4) -> Simulation:
+    sim = Simulation(alg, uneven_federation(), dtype=F64, seed=seed, executor=executor)
+    for _ in range(rounds):
+        sim.step()
+    return sim
+
+
+@pytest.mark.parametrize("variant", ["frpg", "lfrpg-seq", "lfrpg-lit"])
+def test_full_batch_vectorized_equals_sequential_on_unequal_clients(variant: str) -> None:
+    def make():
+        if variant == "frpg":
+            return frpg(full_batch=True)
+        return LFRPG(model=model(), loss=cross_entropy, lipschitz=10.0, local_slots_per_round=3,
+                     variant=variant.split("-")[1], full_batch=True)
+
+    a = _run_uneven(make(), "sequential")
+    for block in (None, 3):
+        b = _run_uneven(make(), VectorizedExecutor(block_size=block))
+        for key in ("w", "v"):
+            assert torch.allclose(tree_flatten_vector(a.server_state[key]), tree_flatten_vector(b.server_state[key]),
+                                  rtol=1e-9, atol=1e-12)
+        for k in range(8):
+            assert torch.allclose(tree_flatten_vector(a.client_states[k]["v"]),
+                                  tree_flatten_vector(b.client_states[k]["v"]), rtol=1e-9, atol=1e-12)
+
+
+def test_full_batch_is_deterministic_and_differs_from_minibatches() -> None:
+    a = _run_uneven(frpg(full_batch=True), "sequential", seed=0)
+    b = _run_uneven(frpg(full_batch=True), "sequential", seed=5)
+    c = _run_uneven(frpg(batch_size=4), "sequential", seed=0)
+    wa, wb, wc = (tree_flatten_vector(s.server_state["v"]) for s in (a, b, c))
+    assert torch.equal(wa, wb)  # no draw: the seed does not matter without an attack
+    assert float(torch.linalg.vector_norm(wa - wc)) > 1e-3
+
+
+def test_a_lipschitz_far_below_the_data_bound_is_warned_about() -> None:
+    fed = federation()  # blobs: max ||x||^2 + 1 is far above 1
+    with pytest.warns(UserWarning, match=r"lipschitz = 1 is below a tenth of max_i \|\|x_i\|\|\^2 \+ 1"):
+        Simulation(frpg(lipschitz=1.0), fed, dtype=F64)
+    bound = 1 + max(float((c.x**2).sum(1).max()) for c in fed.clients)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Simulation(frpg(lipschitz=bound), fed, dtype=F64)
+
+
+@pytest.mark.parametrize("name", ["digits", "mnist5k", "fmnist", "fmnist_short"])
+def test_byzantine_configs_set_lipschitz_in_every_frpg_variant(name: str) -> None:
+    from pathlib import Path
+
+    from fedrisk.experiment.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "byzantine" / f"{name}.toml")
+    variants = {k: v for k, v in cfg["sweep.variants"].items() if v.get("algorithm.name") in ("frpg", "lfrpg")}
+    assert set(variants) == {"frpg", "lfrpg"}
+    for v in variants.values():
+        assert v["algorithm.lipschitz"] > 10  # max ||x||^2 + 1 of the data, not the default 1.0

@@ -333,6 +333,8 @@ def cases() -> list[Case]:
         if "clients_per_round" in hyper and not getattr(cls, "requires_pooled_data", False):
             out.append(Case(f"alg/{name}/partial", lambda name=name: config_algorithm(name, partial=True)))
     out.extend(_auc_stage_cases())
+    for name in ("frpg", "lfrpg"):  # full-batch slots: masked means over clients of unequal size
+        out.append(Case(f"alg/{name}/full-batch", lambda name=name: config_algorithm(name, extra={"full_batch": True})))
     out.extend(_toy_cases())
     poisoned = lambda **kw: (Shuffle(model(), clients_per_round=NUM_CLIENTS), federation(poison_client=1), kw)  # noqa: E731
     out.append(Case("own/shuffle", lambda: (Shuffle(model()), federation(), {}), rounds=4))

@@ -50,7 +50,8 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -58,8 +59,14 @@ import torch
 from torch import Tensor
 
 from fedrisk.aggregators.base import Aggregator, Mean, Replies
-from fedrisk.algorithms.base import Algorithm, ClientResult, LocalData, RoundContext, RoundPlan
-from fedrisk.algorithms.local import batch, check_sampling, sample_batches, supervised_objective
+from fedrisk.algorithms.base import Algorithm, ClientResult, FedInfo, LocalData, RoundContext, RoundPlan
+from fedrisk.algorithms.local import (
+    batch,
+    check_sampling,
+    full_batch_objective,
+    sample_batches,
+    supervised_objective,
+)
 from fedrisk.autodiff import value_and_grad
 from fedrisk.errors import FedriskError, check_range, unknown_name
 from fedrisk.objectives.penalties import check_positive, huber_l2_grad, huber_l2_prox, l1_subgrad, project_l2_ball
@@ -194,6 +201,12 @@ class FRPG(_ServerModel):
         lipschitz_server: L_0 (None: the same as ``lipschitz``; spec ambiguity A4).
         batch_size: the minibatch of one slot (10 under Gaussian, 15 under label flipping).
         sampling: ``with_replacement`` or ``shuffle`` minibatches.
+        full_batch: every slot uses the worker's whole local data set instead of a minibatch
+            (``s = grad f_n(u)``, the deterministic setting of spec checks 7.2.6 and 7.2.8);
+            ``batch_size`` and ``sampling`` are then unused and nothing is drawn.  Under the
+            vectorised executor the padded rows of smaller clients are masked out
+            (:func:`~fedrisk.algorithms.local.full_batch_objective`), so every executor computes the
+            same mean over the client's real rows.
         project: project every received g onto the ball of radius lambda sqrt(G) (spec A5);
             switching it off reproduces pitfall P1.
         zero_init: start every model at zero (the paper's choice) instead of the model's init.
@@ -201,7 +214,6 @@ class FRPG(_ServerModel):
 
     name: ClassVar[str] = "frpg"
     batched_draw: ClassVar[bool] = True
-    local_slots: ClassVar[int] = 1
 
     model: Any
     loss: LossFn
@@ -215,6 +227,7 @@ class FRPG(_ServerModel):
     sampling: str = "with_replacement"
     project: bool = True
     zero_init: bool = True
+    full_batch: bool = False
 
     def __post_init__(self) -> None:
         for name in ("lam", "mu", "delta", "delta_server", "lipschitz"):
@@ -223,6 +236,22 @@ class FRPG(_ServerModel):
             check_positive("lipschitz_server", self.lipschitz_server)
         check_range("batch_size", self.batch_size, 1)
         check_sampling(self.sampling)
+
+    def check_data(self, fed: FedInfo, data: Sequence[LocalData]) -> None:
+        """Warn when ``lipschitz`` is far below the paper's L_n of softmax regression,
+        ``max_i ||x_i||^2 + 1`` (with the bias) over the training rows: the worker steps
+        ``1/alpha_n`` of (17) are then up to that ratio too long.  ``fedrisk run`` on a
+        ``configs/byzantine`` file (whose FRPG settings live in ``[sweep.variants]``) without
+        ``--set algorithm.lipschitz=...`` runs at the default 1.0."""
+        norms = [float((d.x[: int(d.size)].reshape(int(d.size), -1) ** 2).sum(1).max()) for d in data if int(d.size)]
+        bound = 1.0 + max(norms, default=0.0)
+        if self.lipschitz < 0.1 * bound:
+            warnings.warn(
+                f"{self.name}: lipschitz = {self.lipschitz:g} is below a tenth of max_i ||x_i||^2 + 1 = {bound:.4g} "
+                "of the training data (the paper's L_n for softmax regression); the worker steps 1/alpha_n of "
+                "eq. (17) may be too long",
+                stacklevel=2,
+            )
 
     @property
     def l0(self) -> float:
@@ -262,14 +291,30 @@ class FRPG(_ServerModel):
         return {"w": tree_unflatten_vector(w0, like), "v": tree_unflatten_vector(v0, like)}
 
     # -- worker -------------------------------------------------------------------------
-    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
-        return {"batches": sample_batches(rng, num_samples, self.local_slots, self.batch_size, self.sampling)}
+    @property
+    def slots_per_round(self) -> int:
+        """Local slots per communication round (FRPG: 1; LFRPG: T)."""
+        return 1
 
-    def stochastic_grad(self, params_like: Tree, u: Tensor, data: LocalData, idx: Tensor) -> tuple[Tensor, Tensor]:
-        """``(loss, grad f(u; x))`` on the minibatch ``idx``, ridge ``delta u`` included (P7)."""
-        x, y = batch(data, idx)
-        objective = supervised_objective(self.model.apply, self.loss)
-        value, g = value_and_grad(objective)(tree_unflatten_vector(u, params_like), x, y)
+    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
+        if self.full_batch:  # nothing random: every slot sees the whole local data set
+            return {}
+        return {"batches": sample_batches(rng, num_samples, self.slots_per_round, self.batch_size, self.sampling)}
+
+    def stochastic_grad(
+        self, params_like: Tree, u: Tensor, data: LocalData, draws: Tree, slot: int
+    ) -> tuple[Tensor, Tensor]:
+        """``(loss, grad f(u; x))`` on slot ``slot``'s minibatch, ridge ``delta u`` included (P7).
+
+        With ``full_batch`` the gradient of the worker's whole local objective
+        ``f_n(u) = mean_m CE(u; x_m) + delta/2 ||u||^2`` (masked over padding rows).
+        """
+        params = tree_unflatten_vector(u, params_like)
+        if self.full_batch:
+            value, g = value_and_grad(full_batch_objective(self.model.apply, self.loss))(params, data)
+        else:
+            x, y = batch(data, draws["batches"][slot])
+            value, g = value_and_grad(supervised_objective(self.model.apply, self.loss))(params, x, y)
         return value, _vec(g) + self.delta * u
 
     def client_update(
@@ -279,7 +324,7 @@ class FRPG(_ServerModel):
         like = state["w"]
         w0, w, v = _vec(payload["w0"]), _vec(state["w"]), _vec(state["v"])
         u = (1 - beta) * w + beta * v  # (8a)
-        loss, s = self.stochastic_grad(like, u, data, draws["batches"][0])
+        loss, s = self.stochastic_grad(like, u, data, draws, 0)
         w, g, v = frpg_worker_slot(u, v, w0, s, alpha, beta, self.delta, self.lam, self.mu)  # (8b), (7), (8c)
         new_state = {"w": tree_unflatten_vector(w, like), "v": tree_unflatten_vector(v, like)}
         return ClientResult({"g": g}, new_state, {"loss": loss})
@@ -306,8 +351,9 @@ class LFRPG(FRPG):
         if self.variant not in LFRPG_VARIANTS:
             raise unknown_name("LFRPG variant", self.variant, LFRPG_VARIANTS)
 
-    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
-        return {"batches": sample_batches(rng, num_samples, self.local_slots_per_round, self.batch_size, self.sampling)}
+    @property
+    def slots_per_round(self) -> int:
+        return self.local_slots_per_round
 
     def init_client(self, ctx: RoundContext, client: int, params: Tree) -> Tree:
         if self.variant == "lit":  # w_{n,k}^0 for every k = 1..T (spec A3: the same initial vector)
@@ -331,7 +377,7 @@ class LFRPG(FRPG):
         for k in range(self.local_slots_per_round):
             w_prev = previous[k] if lit else w  # (21a): w_{n,k}^{i-1} (lit) or w_{n,k-1}^i (seq)
             u = (1 - beta) * w_prev + beta * v
-            loss, s = self.stochastic_grad(like, u, data, draws["batches"][k])
+            loss, s = self.stochastic_grad(like, u, data, draws, k)
             w, g, v = frpg_worker_slot(u, v, w0, s, alpha, beta, self.delta, self.lam, self.mu)  # (21b), (20), (21c)
             g_sum = g_sum + g
             losses.append(loss)
