@@ -134,3 +134,27 @@ def test_adam_run_resumes_exactly(tmp_path, monkeypatch) -> None:
 
     assert recs(tmp_path / "r") == recs(tmp_path / "full")
     assert recs(tmp_path / "full")[-1]["round"] == 4
+
+
+def test_fedadam_runs_the_same_under_the_vectorized_executor() -> None:
+    """FedAdam (several clients, several local steps): the server state, Adam's moments and step
+    count included, is the sequential executor's."""
+    from fedrisk.algorithms import FedAvg
+    from fedrisk.tree import tree_flatten_vector
+
+    g = torch.Generator().manual_seed(1)
+    clients = [
+        Samples(torch.randn(n, 4, generator=g, dtype=F64) + k, torch.randint(0, 3, (n,), generator=g))
+        for k, n in enumerate((7, 12, 5))
+    ]
+    fed = Federation("toy", clients, num_classes=3)
+    model = FunctionalModel(nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)))
+    alg = FedAvg(model=model, loss=cross_entropy, lr=0.1, local_steps=3, batch_size=4, server_opt=server_adam(0.02))
+    sims = [Simulation(alg, fed, seed=2, dtype=F64, executor=name) for name in ("sequential", "vectorized")]
+    for sim in sims:
+        for _ in range(4):
+            sim.step()
+    a, b = (sim.server_state for sim in sims)
+    assert int(a["opt"]["count"]) == int(b["opt"]["count"]) == 4
+    assert torch.allclose(tree_flatten_vector(a["params"]), tree_flatten_vector(b["params"]), rtol=0, atol=1e-12)
+    assert torch.allclose(tree_flatten_vector(a["opt"]["v"]), tree_flatten_vector(b["opt"]["v"]), rtol=0, atol=1e-12)
