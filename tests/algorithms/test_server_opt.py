@@ -102,6 +102,9 @@ RAW = {
 
 def test_config_key_and_its_errors() -> None:
     assert resolve_config(copy.deepcopy(RAW))["algorithm.server_optimizer"] == "adam"
+    sgd = copy.deepcopy(RAW)
+    sgd["algorithm"]["server_optimizer"] = "sgd"
+    assert "algorithm.server_optimizer" not in resolve_config(sgd).values["algorithm"]  # old checkpoints resume
     raw = copy.deepcopy(RAW)
     raw["algorithm"]["server_momentum"] = 0.9
     with pytest.raises(FedriskError, match='server_optimizer = "adam" takes only server_lr'):

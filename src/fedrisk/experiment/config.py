@@ -978,6 +978,8 @@ def _resolve_algorithm(table: Mapping[str, Any]) -> dict[str, Any]:
                 'algorithm.server_optimizer = "adam" takes only server_lr (Adam\'s betas are 0.9, 0.999); '
                 "remove algorithm.server_momentum / algorithm.server_nesterov"
             )
+        if out["server_optimizer"] == "sgd":  # the default stays out: checkpoints written before the key resume
+            del out["server_optimizer"]
     _precheck_algorithm(cls, out, fields)
     return out
 

@@ -207,7 +207,10 @@ def build_simulation(
         kwargs[fields.aggregator] = build_aggregator(alg_cfg["aggregator"])
     if fields.server_opt is not None:
         kwargs[fields.server_opt] = build_server_opt(
-            alg_cfg["server_lr"], alg_cfg["server_momentum"], alg_cfg["server_nesterov"], alg_cfg["server_optimizer"]
+            alg_cfg["server_lr"],
+            alg_cfg["server_momentum"],
+            alg_cfg["server_nesterov"],
+            alg_cfg.get("server_optimizer", "sgd"),
         )
     try:
         algorithm = cls(**kwargs)
