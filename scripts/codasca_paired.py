@@ -72,7 +72,7 @@ def main(folder: str, plot: str | None = None) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(1.4 + 1.3 * len(diffs), 3.6))
+        fig, ax = plt.subplots(figsize=(max(5.0, 1.4 + 1.3 * len(diffs)), 3.6))
         for i, d in enumerate(diffs.values()):
             ax.plot([i] * len(d), d, "o", color="C0", alpha=0.7)
             ax.errorbar(i + 0.15, statistics.mean(d), yerr=statistics.stdev(d) if len(d) > 1 else 0,

@@ -246,6 +246,7 @@ def _details(kind: str, name: str) -> list[str]:
                 ("server_lr", "float", "1.0"),
                 ("server_momentum", "float", "0.0"),
                 ("server_nesterov", "bool", "false"),
+                ("server_optimizer", "str", '"sgd"'),
             ]
         header = "[algorithm] keys"
         if fields.loss:

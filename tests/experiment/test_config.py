@@ -141,7 +141,7 @@ def test_unknown_algorithm_key_suggests_and_lists(tiny):
     assert msg == (
         "unknown key 'algorithm.lrr' (did you mean 'algorithm.lr'?); valid keys in [algorithm]: aggregator, "
         "batch_size, clients_per_round, local_steps, lr, name, sampling, server_lr, server_momentum, "
-        "server_nesterov, weighting"
+        "server_nesterov, server_optimizer, weighting"
     )
 
 

@@ -3,7 +3,11 @@
 The server turns the aggregated pseudo-gradient ``delta = mean(client models) - global model``
 into the step it applies: ``global <- global + update``.  ``server_lr(1.0)`` is plain
 averaging; ``server_lr(eta_g)`` with ``eta_g > 1`` extrapolates (CODASCA, FSGDA);
-``server_momentum(beta)`` is FedAvgM.
+``server_momentum(beta)`` is FedAvgM; ``server_adam(lr)`` is Adam on the pseudo-gradient
+``-delta`` (FedAdam, Reddi et al., ICLR 2021, Alg. 2, with Adam's bias correction).  On a
+one-client federation with one local step of lr 1 (``centralized``), ``delta`` is minus the
+minibatch gradient, so ``server_adam`` is exactly ``torch.optim.Adam``: the paper's central
+pre-training (CODASCA, Yuan et al., ICML 2021, §6: Adam, batch 32, 2 epochs).
 
 Example:
     >>> import torch
@@ -18,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import NamedTuple
+
+import torch
 
 from fedrisk.errors import check_range
 from fedrisk.tree import Tree, tree_axpy, tree_map, tree_scale, tree_zeros_like
@@ -50,6 +56,46 @@ def server_momentum(beta: float, nesterov: bool = False) -> ServerOpt:
         m = tree_axpy(beta, state["momentum"], delta)
         step = tree_axpy(beta, m, delta) if nesterov else m
         return step, {"momentum": m}
+
+    return ServerOpt(init, update)
+
+
+def server_adam(lr: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> ServerOpt:
+    """Adam (Kingma & Ba, 2015, Alg. 1) on the pseudo-gradient ``g = -delta``.
+
+    With ``t`` the step count (state ``count``):
+
+        m <- b1 m + (1 - b1) delta,    v <- b2 v + (1 - b2) delta^2
+        step = lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+
+    (``m`` is kept for ``delta`` rather than ``g``, so the step is added, not subtracted; the
+    arithmetic is ``torch.optim.Adam``'s, so one client with one local step of lr 1 reproduces it
+    to rounding).
+
+    Example:
+        >>> opt = server_adam(0.1)
+        >>> state = opt.init({"w": torch.zeros(2)})
+        >>> step, state = opt.update({"w": torch.tensor([4.0, -0.5])}, state, {"w": torch.zeros(2)})
+        >>> [round(x, 6) for x in step["w"].tolist()], int(state["count"])   # first step: lr * sign(delta)
+        ([0.1, -0.1], 1)
+    """
+    check_range("Adam learning rate", lr, 0.0, None, low_inclusive=False)
+    check_range("Adam beta1", b1, 0.0, 1.0, high_inclusive=False)
+    check_range("Adam beta2", b2, 0.0, 1.0, high_inclusive=False)
+    check_range("Adam eps", eps, 0.0, None, low_inclusive=False)
+
+    def init(params: Tree) -> Tree:
+        return {"m": tree_zeros_like(params), "v": tree_zeros_like(params), "count": torch.zeros((), dtype=torch.int64)}
+
+    def update(delta: Tree, state: Tree, params: Tree) -> tuple[Tree, Tree]:
+        count = state["count"] + 1
+        m = tree_map(lambda mi, d: mi * b1 + d * (1 - b1), state["m"], delta)
+        v = tree_map(lambda vi, d: vi * b2 + d * d * (1 - b2), state["v"], delta)
+        t = float(count)
+        step_size = lr / (1 - b1**t)
+        root_bc2 = (1 - b2**t) ** 0.5
+        step = tree_map(lambda mi, vi: step_size * mi / (vi.sqrt() / root_bc2 + eps), m, v)
+        return step, {"m": m, "v": v, "count": count}
 
     return ServerOpt(init, update)
 

@@ -91,6 +91,7 @@ DTYPES = ("float32", "float64")
 SPLITS = ("test", "validation")
 FAILURE_POLICIES = ("raise", "skip")
 CLIENT_STATES = ("memory", "disk")
+SERVER_OPTIMIZERS = ("sgd", "adam")
 ONE_OUTPUT_LOSSES = ("binary_cross_entropy", "binary_cross_entropy_probs", "mse")
 
 
@@ -267,6 +268,13 @@ SCHEMA: dict[str, list[Option]] = {
             high_inclusive=False,
         ),
         _o("server_nesterov", "bool", False, "Nesterov form of the server momentum"),
+        _o(
+            "server_optimizer",
+            "str",
+            "sgd",
+            'server step: "sgd" (server_lr, server_momentum) or "adam" (Adam with lr server_lr on -delta)',
+            choices=SERVER_OPTIMIZERS,
+        ),
     ],
     "attack": [
         _o("name", "str", REQUIRED, "attack name (its options go beside it)", choices="attacks"),
@@ -926,7 +934,7 @@ def algorithm_fields(cls: type) -> AlgorithmFields:
     return AlgorithmFields(hyper, loss, aggregator, server_opt, tuple(fixed))
 
 
-_SERVER_KEYS = ("server_lr", "server_momentum", "server_nesterov")
+_SERVER_KEYS = ("server_lr", "server_momentum", "server_nesterov", "server_optimizer")
 
 
 def _resolve_algorithm(table: Mapping[str, Any]) -> dict[str, Any]:
@@ -965,6 +973,13 @@ def _resolve_algorithm(table: Mapping[str, Any]) -> dict[str, Any]:
     if fields.server_opt:
         for key in _SERVER_KEYS:
             out[key] = _check_value(f"algorithm.{key}", schema[key], table.get(key, schema[key].default))
+        if out["server_optimizer"] == "adam" and (out["server_momentum"] or out["server_nesterov"]):
+            raise FedriskError(
+                'algorithm.server_optimizer = "adam" takes only server_lr (Adam\'s betas are 0.9, 0.999); '
+                "remove algorithm.server_momentum / algorithm.server_nesterov"
+            )
+        if out["server_optimizer"] == "sgd":  # the default stays out: checkpoints written before the key resume
+            del out["server_optimizer"]
     _precheck_algorithm(cls, out, fields)
     return out
 

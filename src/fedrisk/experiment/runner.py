@@ -207,7 +207,10 @@ def build_simulation(
         kwargs[fields.aggregator] = build_aggregator(alg_cfg["aggregator"])
     if fields.server_opt is not None:
         kwargs[fields.server_opt] = build_server_opt(
-            alg_cfg["server_lr"], alg_cfg["server_momentum"], alg_cfg["server_nesterov"]
+            alg_cfg["server_lr"],
+            alg_cfg["server_momentum"],
+            alg_cfg["server_nesterov"],
+            alg_cfg.get("server_optimizer", "sgd"),
         )
     try:
         algorithm = cls(**kwargs)
@@ -321,9 +324,12 @@ def build_aggregator(spec: str | Mapping[str, Any]) -> Any:
     return AGGREGATORS.get(spec["name"])(**options)
 
 
-def build_server_opt(lr: float, momentum: float, nesterov: bool) -> Any:
-    """``chain(server_momentum(beta), server_lr(eta))`` without the identity parts."""
-    from fedrisk.algorithms.server_opt import chain, identity, server_lr, server_momentum
+def build_server_opt(lr: float, momentum: float, nesterov: bool, optimizer: str = "sgd") -> Any:
+    """``chain(server_momentum(beta), server_lr(eta))`` without the identity parts, or ``server_adam(lr)``."""
+    from fedrisk.algorithms.server_opt import chain, identity, server_adam, server_lr, server_momentum
+
+    if optimizer == "adam":
+        return server_adam(lr)
 
     parts = []
     if momentum > 0:
