@@ -50,7 +50,16 @@ from pathlib import Path
 from typing import Any
 
 from fedrisk.deploy import require_flwr
-from fedrisk.deploy.handshake import ACTION, client_map, fingerprint, handshake_reply, handshake_request
+from fedrisk.deploy.handshake import (
+    ACTION,
+    PARTITION_ID,
+    as_int,
+    client_map,
+    fingerprint,
+    handshake_reply,
+    handshake_request,
+)
+from fedrisk.deploy.node import node_round, node_setup, state_root
 from fedrisk.deploy.records import message_type
 from fedrisk.deploy.server import MessageExecutor
 from fedrisk.errors import FedriskError
@@ -60,9 +69,6 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
-STATE_DIR = "state-dir"
-"""Node config key: where a SuperNode keeps its clients' states (default :data:`DEFAULT_STATE_DIR`)."""
-DEFAULT_STATE_DIR = "~/.fedrisk/node-state"
 POLL_SECONDS = 0.2
 """How often the ServerApp asks the SuperLink for replies (Flower's ``send_and_receive``: 3 s)."""
 HANDSHAKE = "fedrisk.handshake"
@@ -236,50 +242,20 @@ class FedriskClientApp(ClientApp):
         raise FedriskError(f"fedrisk's ClientApp got a {kind!r} message; it answers train[.<kind>] and handshakes")
 
     def handshake(self, message: Message, context: Context) -> Message:
+        """Answer with the node's partition and config fingerprint; a node with a valid partition
+        id first makes sure its client's setup is kept (:func:`fedrisk.deploy.node.node_setup`), so
+        that no round pays for building it."""
         cfg = load_app_config(self.config_path)
-        answer = handshake_reply(context.node_config, fingerprint(cfg.semantic()))
+        experiment = fingerprint(cfg.semantic())
+        answer = handshake_reply(context.node_config, experiment)
+        pid = as_int(context.node_config.get(PARTITION_ID))
+        same = message.content[HANDSHAKE]["experiment"] == experiment  # else the server names the mismatch
+        if same and pid is not None and 0 <= pid < cfg["data.num_clients"]:
+            node_setup(cfg, pid, state_root(context.node_config), experiment)
         answer = {k: v for k, v in answer.items() if v is not None}  # a ConfigRecord carries no None
         return Message(RecordDict({HANDSHAKE: ConfigRecord(answer)}), reply_to=message)
 
     def train_round(self, message: Message, context: Context) -> Message:
-        content = node_round(self.config_path, message.content, context.node_config, context.run_id)
+        cfg = load_app_config(self.config_path)
+        content = node_round(cfg, message.content, context.node_config, context.run_id)
         return Message(content, reply_to=message)
-
-
-def node_round(config_path: str | Path, content: Any, node_config: Mapping[str, Any], run_id: int = 0) -> Any:
-    """One client round on a node: the client's state from the node-local store (its initial state
-    on the first round), ``draw`` + ``client_update``, the new state written back; returns the
-    reply content.
-
-    The store's key is the config fingerprint and Flower's run id: a SuperNode restarted during a
-    run finds its clients' states; a new run of the same config starts from the initial states.
-    A round the node already finished (sent again after a restart: its reply was lost) starts
-    from the state kept before it.
-    """
-    import torch
-
-    from fedrisk.deploy.client import client_round
-    from fedrisk.deploy.records import decode
-    from fedrisk.deploy.state import ClientStateStore
-    from fedrisk.experiment.runner import build_simulation, run_seed
-
-    cfg = load_app_config(config_path)
-    if cfg["run.threads"]:
-        torch.set_num_threads(cfg["run.threads"])
-    experiment = fingerprint(cfg.semantic())
-    _, meta = decode(content)
-    partition = node_config.get("partition-id")
-    if str(partition) != str(meta.client):
-        raise FedriskError(f"a message for client {meta.client} reached the node with partition-id {partition!r}")
-    if meta.experiment != experiment:
-        raise FedriskError(f"the message is for experiment {meta.experiment!r}; this node runs {experiment!r}")
-    sim = build_simulation(cfg, run_seed(cfg)).simulation
-    store = ClientStateStore(Path(str(node_config.get(STATE_DIR, "") or DEFAULT_STATE_DIR)).expanduser())
-    key = f"{experiment}-run{run_id}"
-    kept = store.load(key, meta.client)
-    if kept is not None and kept[0] >= meta.round:  # the round is sent again after a restart
-        kept = store.load_before(key, meta.client, meta.round)
-    state = sim.client_states[meta.client] if kept is None else kept[1]
-    reply, new_state, _ = client_round(sim.algorithm, sim.info, content, state, sim.data[meta.client])
-    store.save(key, meta.client, meta.round, new_state)
-    return reply
