@@ -314,6 +314,7 @@ clientapp = "{module}:client_app"
 [tool.flwr.app.config]
 out = ""
 overwrite = false
+resume = false
 round-timeout = 600.0
 connect-timeout = 120.0
 """
@@ -357,11 +358,13 @@ class DeployedRun:
 
 def run_deployed(
     cfg: Any, superlink: str, out: str | Path, *, tls: str | Path | None = None, overwrite: bool = False,
-    round_timeout: float = 600.0, connect_timeout: float = 120.0, wait: float | None = None,
+    resume: bool = False, round_timeout: float = 600.0, connect_timeout: float = 120.0, wait: float | None = None,
     poll: float = 0.5, stream: TextIO | None = None,
 ) -> DeployedRun:  # fmt: skip
     """Run the experiment ``cfg`` (an ``ExperimentConfig``) on the SuperLink at ``superlink``;
-    the ServerApp writes its run directory ``out`` (resolved here: a path on the SuperLink's machine).
+    the ServerApp writes its run directory ``out`` (resolved here: a path on the SuperLink's machine);
+    ``resume`` continues the deployed run in ``out`` from its checkpoint (the nodes continue from
+    the client states they kept).
 
     Raises:
         FedriskError: the SuperLink cannot be reached, or ``flwr run`` refused the app.
@@ -375,7 +378,7 @@ def run_deployed(
         app = write_app(Path(tmp) / "app", cfg.to_toml(), cfg.name)
         env = flwr_home(Path(tmp) / "flwr", superlink, tls)
         overrides = (
-            f'out="{out}" overwrite={str(overwrite).lower()} '
+            f'out="{out}" overwrite={str(overwrite).lower()} resume={str(resume).lower()} '
             f"round-timeout={float(round_timeout)} connect-timeout={float(connect_timeout)}"
         )
         answer = _flwr(["run", str(app), CONNECTION, "--run-config", overrides], env)

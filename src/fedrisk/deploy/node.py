@@ -25,7 +25,11 @@ algorithm object).
 :func:`node_round` is the whole node side of a ``train`` message: check the message is for this
 node's partition and config, load the setup and the client's kept state
 (:class:`~fedrisk.deploy.state.ClientStateStore`), run :func:`~fedrisk.deploy.client.client_round`,
-keep the new state.
+keep the new state.  The states are keyed by the config fingerprint and the deployed run's
+session (:attr:`fedrisk.deploy.records.Meta.session`, kept in the run directory, so a resumed
+run finds them; Flower's run id when a message carries none).  A round the node already finished
+(sent again after a restart, or by a server resumed from its checkpoint) starts from the state
+kept before it.
 
 Example:
     >>> import tempfile
@@ -167,11 +171,14 @@ def node_round(cfg: Any, content: Any, node_config: Mapping[str, Any], run_id: i
     root = state_root(node_config)
     setup = node_setup(cfg, meta.client, root, experiment)
     store = ClientStateStore(root)
-    key = f"{experiment}-run{run_id}"
+    key = f"{experiment}-{meta.session}" if meta.session else f"{experiment}-run{run_id}"
     kept = store.load(key, meta.client)
-    if kept is not None and kept[0] >= meta.round:  # the round is sent again after a restart
-        kept = store.load_before(key, meta.client, meta.round)
+    again = kept is not None and kept[0] >= meta.round  # sent again: after a restart, or by a resumed server
+    if again:
+        kept = store.state_before(key, meta.client, meta.round)
     state = setup.initial_state if kept is None else kept[1]
     reply, new_state, _ = client_round(setup.algorithm, setup.info, content, state, setup.data)
+    if again:
+        store.discard_newest(key, meta.client)
     store.save(key, meta.client, meta.round, new_state)
     return reply
