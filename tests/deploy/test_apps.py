@@ -325,3 +325,25 @@ def test_resume_refuses_a_directory_without_a_deployed_run_or_of_another_config(
     assert read_session(tmp_path, "abc") == "s1"
     with pytest.raises(FedriskError, match="belongs to another config"):
         read_session(tmp_path, "def")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", [{"name": "codasca", "window": 2, "stage_iters": 4}, {"name": "fedxl2"}],
+                         ids=lambda a: a["name"])  # fmt: skip
+def test_stateful_algorithms_keep_their_client_states_across_a_supernode_restart(algorithm, app, tmp_path):
+    """CODASCA's control variates, FeDXL's pools: from the node's store (and its cached setup)
+    after a restart, bit for bit the sequential executor's numbers (SCAFFOLD: the tests above)."""
+    raw = {"data": {"dataset": "wine", "num_clients": 2, "binarize": {}},
+           "model": {"name": "mlp", "hidden": [8], "num_outputs": 1},
+           "algorithm": algorithm, "run": {"rounds": 4, "seed": 2, "dtype": "float64"}}  # fmt: skip
+    cfg = resolve_config(raw)
+    grid = FakeGrid(app(cfg), nodes(tmp_path, 2))
+    seq = build_simulation(cfg).simulation
+    dep = build_simulation(cfg, executor=executor(grid, cfg)).simulation
+    for r in range(4):
+        if r == 2:
+            grid.nodes[4242] = grid.nodes.pop(1007)  # client 1's SuperNode restarts
+        a, b = seq.step(), dep.step()
+        assert a.train_metrics == b.train_metrics
+    assert same(seq.server_state, dep.server_state)
+    assert not same(seq.client_states[1], dep.client_states[1])  # the states lived on the node, not here
