@@ -20,11 +20,14 @@ clients, each selected client's payload goes to its node as one ``train[.<kind>]
 ``reply_to_message_id`` and checked with the failure policy
 (:class:`~fedrisk.deploy.server.MessageExecutor`), and ``aggregate`` runs on the server.
 
-**ClientApp** (:class:`FedriskClientApp`).  A ``train`` message runs ``draw`` + ``client_update``
-through :func:`fedrisk.deploy.client.client_round` on the node's partition (``partition-id`` of
-its node config), with the client's state read from and written to the node-local
-:class:`~fedrisk.deploy.state.ClientStateStore` (node config ``state-dir``), so control variates
-and personal weights survive a SuperNode restart; an exception becomes Flower's error reply.
+**ClientApp** (:class:`FedriskClientApp`).  The handshake also makes sure the node keeps its
+client's setup (partition, ``FedInfo``, initial state, model spec: :mod:`fedrisk.deploy.node`), so
+that a ``train`` message loads only that and runs ``draw`` + ``client_update`` through
+:func:`fedrisk.deploy.node.node_round` on the node's partition (``partition-id`` of its node
+config), with the client's state read from and written to the node-local
+:class:`~fedrisk.deploy.state.ClientStateStore` (node config ``state-dir``, keyed by the run's
+session), so control variates and personal weights survive a SuperNode restart and a resumed
+ServerApp (:func:`run_on_grid`); an exception becomes Flower's error reply.
 
 Flower polls: a SuperNode asks the SuperLink for work every 3 s when idle and starts a fresh
 ClientApp process per message; fedrisk's own reply loop (:meth:`FlowerExecutor.exchange`) polls

@@ -50,6 +50,8 @@ CA_CERT, SERVER_CERT, SERVER_KEY = "ca.crt", "server.pem", "server.key"
 DEFAULT_SUPERLINK = "127.0.0.1:9091"
 APP_MODULE = "fedrisk_app"
 CONFIG_FILE = "experiment.toml"
+SUPEREXEC_POLL = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+"""Flower 1.41's environment variable for the SuperExec's task polling interval (seconds)."""
 
 
 class DeployFailed(FedriskError):
@@ -65,9 +67,17 @@ def executable(name: str) -> str:
 def environment(base: dict[str, str] | None = None) -> dict[str, str]:
     """``base`` (default ``os.environ``) with this environment's ``bin`` first on the PATH: the
     SuperLink and SuperNodes start ``flower-superexec``, ``flwr-serverapp`` and ``flwr-clientapp``
-    by name, and these must be the ones next to fedrisk."""
+    by name, and these must be the ones next to fedrisk.  The SuperExec (which starts a ServerApp or
+    ClientApp process per task) looks for new tasks every :data:`SUPEREXEC_POLL` seconds: 0.2
+    unless set (Flower's default: 1 s).
+
+    Example:
+        >>> environment({"PATH": "/bin"})[SUPEREXEC_POLL], environment({SUPEREXEC_POLL: "2"})[SUPEREXEC_POLL]
+        ('0.2', '2')
+    """
     env = dict(os.environ if base is None else base)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.setdefault(SUPEREXEC_POLL, "0.2")
     return env
 
 
