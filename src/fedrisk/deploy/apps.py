@@ -101,9 +101,11 @@ class FlowerExecutor(MessageExecutor):
         grid: the ServerApp's grid.
         experiment: the config fingerprint (:func:`fedrisk.deploy.handshake.fingerprint`).
         num_clients: ``data.num_clients``.
-        timeout: seconds to wait for a round's replies; a node silent that long is dropped per
-            the failure policy (a node Flower's heartbeats mark offline answers with an error sooner).
-        connect_timeout: seconds to wait for ``num_clients`` nodes to connect and answer the handshake.
+        timeout: seconds to wait for a round's replies (and a handshake's: a node builds its client's
+            setup then); a node silent that long is dropped per the failure policy (a node Flower's
+            heartbeats mark offline answers with an error sooner).
+        connect_timeout: seconds to wait for ``num_clients`` nodes to connect (under ``"raise"``, for
+            a missing node to come back).
         session: the key of the nodes' client states for this run (see :func:`run_on_grid`).
         session_file: where to record ``session`` once the run directory exists (a fresh run).
 
@@ -179,7 +181,8 @@ class FlowerExecutor(MessageExecutor):
                 f"{len(nodes)} SuperNode(s) connected within {self.connect_timeout:g} s, the config has "
                 f"{self.num_clients} clients; start one SuperNode per client (fedrisk deploy supernode)"
             )
-        answers, problems = self._handshake(nodes, max(end - time.monotonic(), 30.0))
+        # a node builds its client's setup when it first answers (seconds): as long as a round may take
+        answers, problems = self._handshake(nodes, max(end - time.monotonic(), self.timeout))
         try:  # nodes that failed the handshake are left out when the others serve every client
             mapping = client_map(answers, num_clients=self.num_clients, experiment=self.experiment)
         except FedriskError as exc:
@@ -201,7 +204,7 @@ class FlowerExecutor(MessageExecutor):
         fresh = sorted(connected - live - self.shunned)
         if not fresh:
             return []
-        answers, problems = self._handshake(fresh, self.connect_timeout)
+        answers, problems = self._handshake(fresh, self.timeout)
         back = []
         for node in fresh:
             if node not in answers:
