@@ -3,7 +3,8 @@ run time), the ServerApp / ClientApp of :mod:`fedrisk.deploy.apps` submitted wit
 
 Default tier: the smoke test through ``fedrisk deploy run`` (2 SuperNodes, SCAFFOLD; final model
 equal to the sequential executor's bit for bit), a failing ServerApp making the command exit 1,
-an unreachable SuperLink.  Slow tier: TLS, node authentication, a SuperNode restart in the middle of a run.
+an unreachable SuperLink.  Slow tier: TLS, node authentication, a SuperNode restart in the middle
+of a run, a failed run resumed with ``--resume``.
 """
 
 from __future__ import annotations
