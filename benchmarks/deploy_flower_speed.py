@@ -12,9 +12,10 @@ Printed:
   1 of the deployed run includes nothing of the start: the handshake comes before the clock);
 * Flower's own accounting of the deployed run (``flwr ls``: ServerApp and ClientApp seconds);
 * the cost of one ClientApp message in a fresh process, as Flower runs it (``flwr-clientapp``
-  per message): interpreter + imports (torch, flwr, fedrisk), building the config's simulation
-  on the node (dataset, partition, model, algorithm), and the client's round itself
-  (``node_round`` minus the build), ``--messages`` times.
+  per message): interpreter + imports (torch, flwr, fedrisk), the node's setup
+  (``fedrisk.deploy.node.node_setup``: built from the dataset by the first message, as the
+  handshake does, then loaded from the node's store by the ``--messages`` that follow), the
+  client's round itself and the state store.
 """
 
 from __future__ import annotations
@@ -38,27 +39,30 @@ import time, sys
 t0 = time.perf_counter()
 import torch, flwr.clientapp, fedrisk.deploy.apps
 from fedrisk.experiment.config import load_config
-from fedrisk.experiment.runner import build_simulation
 from fedrisk.algorithms.base import RoundContext
 from fedrisk.deploy.records import Meta, encode
 from fedrisk.deploy.handshake import fingerprint
 from fedrisk.deploy.client import client_round
+from fedrisk.deploy.node import node_setup
 from fedrisk.deploy.state import ClientStateStore
 from fedrisk.rng import server_generator
 t1 = time.perf_counter()
 cfg = load_config(sys.argv[1])
 torch.set_num_threads(1)
-sim = build_simulation(cfg).simulation
+setup = node_setup(cfg, 0, sys.argv[2])
 t2 = time.perf_counter()
-plan = sim.algorithm.configure(RoundContext(0, sim.info), sim.server_state, server_generator(0, 0, "configure"))
+alg = setup.algorithm
+server = alg.init_server(RoundContext(0, setup.info, "init"), alg.init_params(torch.Generator()), torch.Generator())
+plan = alg.configure(RoundContext(0, setup.info), server, server_generator(0, 0, "configure"))
 content = encode(plan.payload(0), Meta(0, 0, 0, plan.kind, fingerprint(cfg.semantic())))
 t3 = time.perf_counter()
-client_round(sim.algorithm, sim.info, content, sim.client_states[0], sim.data[0])
+client_round(alg, setup.info, content, setup.initial_state, setup.data)
 t4 = time.perf_counter()
 store = ClientStateStore(sys.argv[2])
-store.save("bench", 0, 0, store.load("bench", 0) or sim.client_states[0])
+kept = store.load("bench", 0)
+store.save("bench", 0, 0, setup.initial_state if kept is None else kept[1])
 t5 = time.perf_counter()
-print("TIMES", t1 - t0, t2 - t1, t4 - t3, t5 - t4)
+print("TIMES", t1 - t0, t2 - t1, t4 - t3, t5 - t4, int(setup.built))
 """
 
 
@@ -89,15 +93,16 @@ def main() -> None:
             deployment(cfg, root, args)
         config = root / "experiment.toml"
         config.write_text(cfg.to_toml())
-        for i in range(args.messages):
+        for i in range(args.messages + 1):  # the first builds the node's setup (the handshake), the others load it
             out = subprocess.run(
-                [sys.executable, "-c", MESSAGE, str(config), str(root / f"state-{i}")],
+                [sys.executable, "-c", MESSAGE, str(config), str(root / "node-store")],
                 capture_output=True, text=True, check=True,
             )  # fmt: skip
-            imports, build, client, store = (float(v) for v in out.stdout.split("TIMES")[1].split())
+            imports, setup, client, store, built = (float(v) for v in out.stdout.split("TIMES")[1].split())
             print(
-                f"ClientApp message {i}: interpreter + imports {imports:.2f} s, build {build:.2f} s, "
-                f"client round {client:.3f} s, state store {store:.3f} s"
+                f"ClientApp message {i}: interpreter + imports {imports:.2f} s, "
+                f"setup {'built' if built else 'loaded'} {setup:.2f} s, client round {client:.3f} s, "
+                f"state store {store:.3f} s"
             )
 
 

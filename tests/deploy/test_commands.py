@@ -81,8 +81,9 @@ def test_certificates_and_node_keys_are_what_flower_reads(tmp_path: Path) -> Non
         (["deploy", "superlink", "--tls", "{tmp}/none", "--print"], "ca.crt"),
         (["deploy", "superlink", "--node-auth", "--print"], "node authentication needs TLS"),
         (["deploy", "supernode", "{config}", "--partition", "0", "--auth-key", "{tmp}/k", "--print"], "node key"),
+        (["deploy", "run", "{config}", "--resume", "--overwrite"], "--overwrite: not allowed with argument --resume"),
     ],
-    ids=["unreachable", "address", "partition", "tls-files", "node-auth-without-tls", "node-key"],
+    ids=["unreachable", "address", "partition", "tls-files", "node-auth-without-tls", "node-key", "resume-overwrite"],
 )
 def test_bad_input_is_a_clear_error(argv, message, config: Path, tmp_path: Path, capsys) -> None:
     argv = [a.format(config=config, tmp=tmp_path) for a in argv]

@@ -3,7 +3,8 @@ run time), the ServerApp / ClientApp of :mod:`fedrisk.deploy.apps` submitted wit
 
 Default tier: the smoke test through ``fedrisk deploy run`` (2 SuperNodes, SCAFFOLD; final model
 equal to the sequential executor's bit for bit), a failing ServerApp making the command exit 1,
-an unreachable SuperLink.  Slow tier: TLS, node authentication, a SuperNode restart in the middle of a run.
+an unreachable SuperLink.  Slow tier: TLS, node authentication, a SuperNode restart in the middle
+of a run, a failed run resumed with ``--resume``.
 """
 
 from __future__ import annotations
@@ -149,4 +150,37 @@ def test_a_supernode_restarted_mid_run_keeps_its_client_state(tmp_path):
         fed.start_node(1)
         thread.join(WAIT)
     assert "error" not in result, result.get("error")
+    assert same(deployed_model(tmp_path / "run"), sequential_model(cfg))
+
+
+@pytest.mark.slow
+def test_a_failed_deployed_run_resumes_with_the_nodes_kept_states(tmp_path):
+    """The ServerApp fails in round 2 (client 1's SuperNode is gone and `--connect-timeout` passes);
+    `fedrisk deploy run --resume` continues from the run directory's checkpoint with the session
+    the nodes keyed their states by, and ends with the sequential executor's model."""
+    cfg = config(rounds=4)
+    (tmp_path / "exp.toml").write_text(cfg.to_toml())
+    with LocalFederation(2, tmp_path / "fed") as fed:
+        result: dict[str, object] = {}
+
+        def submit() -> None:
+            try:
+                run_deployed(cfg, fed.superlink, tmp_path / "run", connect_timeout=5.0, wait=WAIT)
+            except Exception as exc:  # the failed run, checked below
+                result["error"] = exc
+
+        thread = threading.Thread(target=submit)
+        thread.start()
+        metrics = tmp_path / "run" / "metrics.jsonl"
+        end = time.monotonic() + WAIT
+        while time.monotonic() < end and thread.is_alive() and not (
+            metrics.exists() and metrics.read_text().count("\n") >= 2
+        ):
+            time.sleep(0.2)
+        fed.stop_node(1)  # after round 1
+        thread.join(WAIT)
+        assert isinstance(result.get("error"), DeployFailed), result
+        fed.start_node(1)
+        argv = ["deploy", "run", str(tmp_path / "exp.toml"), "--superlink", fed.superlink]
+        assert main([*argv, "--out", str(tmp_path / "run"), "--resume"]) == 0
     assert same(deployed_model(tmp_path / "run"), sequential_model(cfg))

@@ -17,6 +17,8 @@ Flower's messages.  What exists so far:
   runs it in-process over the serialised bytes.
 * :mod:`fedrisk.deploy.state`: the node-local store that keeps each client's state across
   SuperNode restarts (keyed by experiment fingerprint and client id).
+* :mod:`fedrisk.deploy.node`: the node side of a ``train`` message, with the client's setup
+  (partition, ``FedInfo``, initial state, model spec) cached in the node's store.
 
 * :mod:`fedrisk.deploy.apps`: the Flower ServerApp (handshake, then
   :func:`~fedrisk.experiment.runner.run_experiment` with a Grid executor) and ClientApp (``draw`` +

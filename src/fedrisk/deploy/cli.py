@@ -8,7 +8,7 @@
     fedrisk deploy superlink [--address A] [--tls DIR] [--node-auth] [--database F] [--print]
     fedrisk deploy supernode CONFIG --partition I [--superlink A] [--port P] [--tls DIR]
                              [--auth-key KEY] [--state-dir DIR] [--print]
-    fedrisk deploy run CONFIG [--set k=v ...] [--superlink A] [--tls DIR] [--out DIR] [--overwrite]
+    fedrisk deploy run CONFIG [--set k=v ...] [--superlink A] [--tls DIR] [--out DIR] [--overwrite | --resume]
                        [--round-timeout S] [--connect-timeout S]
 
 ``superlink`` / ``supernode`` start the process (replacing ``fedrisk``) or, with ``--print``,
@@ -80,7 +80,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(cfg["output.dir"] or f"runs/{cfg.name}")
     try:
         run = c.run_deployed(
-            cfg, args.superlink, out, tls=args.tls, overwrite=args.overwrite, round_timeout=args.round_timeout,
+            cfg, args.superlink, out, tls=args.tls, overwrite=args.overwrite, resume=args.resume,
+            round_timeout=args.round_timeout,
             connect_timeout=args.connect_timeout, stream=sys.stderr,
         )  # fmt: skip
     except c.DeployFailed as exc:
@@ -148,7 +149,11 @@ def add_parser(sub: Any) -> None:
     q.add_argument("--superlink", default=c.DEFAULT_SUPERLINK, metavar="HOST:PORT", help=link_help)
     q.add_argument("--tls", metavar="DIR", help="a directory holding the federation's ca.crt")
     q.add_argument("--out", metavar="DIR", help="the run directory on the SuperLink's machine")
-    q.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
+    again = q.add_mutually_exclusive_group()
+    again.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
+    again.add_argument(
+        "--resume", action="store_true", help="continue the deployed run in --out from its checkpoint"
+    )
     q.add_argument("--round-timeout", type=float, default=600.0, metavar="S", help="seconds to wait for replies")
     q.add_argument("--connect-timeout", type=float, default=120.0, metavar="S", help="seconds to wait for nodes")
     q.set_defaults(func=cmd_run)

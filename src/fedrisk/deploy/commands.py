@@ -50,6 +50,8 @@ CA_CERT, SERVER_CERT, SERVER_KEY = "ca.crt", "server.pem", "server.key"
 DEFAULT_SUPERLINK = "127.0.0.1:9091"
 APP_MODULE = "fedrisk_app"
 CONFIG_FILE = "experiment.toml"
+SUPEREXEC_POLL = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+"""Flower 1.41's environment variable for the SuperExec's task polling interval (seconds)."""
 
 
 class DeployFailed(FedriskError):
@@ -65,9 +67,17 @@ def executable(name: str) -> str:
 def environment(base: dict[str, str] | None = None) -> dict[str, str]:
     """``base`` (default ``os.environ``) with this environment's ``bin`` first on the PATH: the
     SuperLink and SuperNodes start ``flower-superexec``, ``flwr-serverapp`` and ``flwr-clientapp``
-    by name, and these must be the ones next to fedrisk."""
+    by name, and these must be the ones next to fedrisk.  The SuperExec (which starts a ServerApp or
+    ClientApp process per task) looks for new tasks every :data:`SUPEREXEC_POLL` seconds: 0.2
+    unless set (Flower's default: 1 s).
+
+    Example:
+        >>> environment({"PATH": "/bin"})[SUPEREXEC_POLL], environment({SUPEREXEC_POLL: "2"})[SUPEREXEC_POLL]
+        ('0.2', '2')
+    """
     env = dict(os.environ if base is None else base)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.setdefault(SUPEREXEC_POLL, "0.2")
     return env
 
 
@@ -314,6 +324,7 @@ clientapp = "{module}:client_app"
 [tool.flwr.app.config]
 out = ""
 overwrite = false
+resume = false
 round-timeout = 600.0
 connect-timeout = 120.0
 """
@@ -357,11 +368,13 @@ class DeployedRun:
 
 def run_deployed(
     cfg: Any, superlink: str, out: str | Path, *, tls: str | Path | None = None, overwrite: bool = False,
-    round_timeout: float = 600.0, connect_timeout: float = 120.0, wait: float | None = None,
+    resume: bool = False, round_timeout: float = 600.0, connect_timeout: float = 120.0, wait: float | None = None,
     poll: float = 0.5, stream: TextIO | None = None,
 ) -> DeployedRun:  # fmt: skip
     """Run the experiment ``cfg`` (an ``ExperimentConfig``) on the SuperLink at ``superlink``;
-    the ServerApp writes its run directory ``out`` (resolved here: a path on the SuperLink's machine).
+    the ServerApp writes its run directory ``out`` (resolved here: a path on the SuperLink's machine);
+    ``resume`` continues the deployed run in ``out`` from its checkpoint (the nodes continue from
+    the client states they kept).
 
     Raises:
         FedriskError: the SuperLink cannot be reached, or ``flwr run`` refused the app.
@@ -375,7 +388,7 @@ def run_deployed(
         app = write_app(Path(tmp) / "app", cfg.to_toml(), cfg.name)
         env = flwr_home(Path(tmp) / "flwr", superlink, tls)
         overrides = (
-            f'out="{out}" overwrite={str(overwrite).lower()} '
+            f'out="{out}" overwrite={str(overwrite).lower()} resume={str(resume).lower()} '
             f"round-timeout={float(round_timeout)} connect-timeout={float(connect_timeout)}"
         )
         answer = _flwr(["run", str(app), CONNECTION, "--run-config", overrides], env)

@@ -65,7 +65,8 @@ def handshake_reply(node_config: Mapping[str, Any], experiment: str) -> dict[str
     }
 
 
-def _as_int(value: Any) -> int | None:
+def as_int(value: Any) -> int | None:
+    """``value`` as a partition id (an int or a string of digits), else None."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -90,15 +91,15 @@ def client_map(
     owner: dict[int, int] = {}
     for node, reply in sorted(replies.items()):
         raw = reply.get(PARTITION_ID)
-        pid = _as_int(raw)
+        pid = as_int(raw)
         if raw is None:
-            errors.append(f"node {node} was started without {PARTITION_ID} (--node-config \"{PARTITION_ID}=I\")")
+            errors.append(f'node {node} was started without {PARTITION_ID} (--node-config "{PARTITION_ID}=I")')
             continue
         if pid is None or not 0 <= pid < num_clients:
             errors.append(f"node {node} has {PARTITION_ID} = {raw!r}; allowed: an integer in 0 .. {num_clients - 1}")
             continue
         told = reply.get(NUM_PARTITIONS)
-        if told is not None and _as_int(told) != num_clients:
+        if told is not None and as_int(told) != num_clients:
             errors.append(f"node {node} was started with {NUM_PARTITIONS} = {told!r}, the config has {num_clients}")
         if reply.get("experiment") != experiment:
             errors.append(

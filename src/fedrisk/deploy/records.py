@@ -14,7 +14,8 @@ key                    record           holds
                                         where a tensor goes), ``tensors``: the tensor leaf indices,
                                         ``layout``: per tensor leaf its dtype, offset and shape
 ``fedrisk.meta``       ``ConfigRecord`` ``round``, ``client``, ``seed``, ``kind`` (the round kind),
-                                        ``experiment`` (the config fingerprint)
+                                        ``experiment`` (the config fingerprint), ``session``
+                                        (the deployed run's key of the nodes' client states)
 =====================  ===============  ==========================================================
 
 Tensors travel as NumPy arrays (Flower's ``Array``), so the round trip is bit-exact for every
@@ -75,13 +76,15 @@ MESSAGE_KINDS = ("train", "evaluate", "query")
 @dataclass(frozen=True)
 class Meta:
     """What a message says besides its tree: the round, the fedrisk client id, the run seed,
-    the round kind (``""`` = the default kind) and the experiment fingerprint."""
+    the round kind (``""`` = the default kind), the experiment fingerprint and the deployed run's
+    session (the key of the nodes' client states; it survives a ``--resume``)."""
 
     round: int
     client: int
     seed: int
     kind: str = ""
     experiment: str = ""
+    session: str = ""
 
 
 def message_type(kind: str = "", base: str = "train") -> str:
@@ -159,6 +162,7 @@ def encode(tree: Any, meta: Meta) -> Any:
                     "seed": meta.seed,
                     "kind": meta.kind,
                     "experiment": meta.experiment,
+                    "session": meta.session,
                 }
             ),
         }
@@ -187,5 +191,6 @@ def decode(content: Any) -> tuple[Any, Meta]:
         seed=int(m["seed"]),
         kind=str(m["kind"]),
         experiment=str(m["experiment"]),
+        session=str(m["session"]) if "session" in m else "",
     )
     return pytree.tree_unflatten(leaves, spec), meta

@@ -37,17 +37,24 @@ from fedrisk.runtime.executor import ClientFailure, Executor, RoundOutput, check
 from fedrisk.tree import Tree
 
 
+class Unavailable(str):
+    """An answer of :meth:`MessageExecutor.exchange` for a client that was not asked this round
+    because its node is known to be gone (the text says since when and what brings it back)."""
+
+
 class MessageExecutor(Executor):
     """Runs a round by exchanging one message per selected client (see the module docstring).
 
     Args:
         experiment: the config fingerprint written into every message (nodes check it).
+        session: the deployed run's key of the nodes' client states, written into every message.
     """
 
     name = "messages"
 
-    def __init__(self, experiment: str = "") -> None:
-        self.experiment = experiment
+    def __init__(self, experiment: str = "", session: str = "") -> None:
+        self.experiment, self.session = experiment, session
+        self.on_failure = "raise"
 
     @abstractmethod
     def exchange(
@@ -55,8 +62,10 @@ class MessageExecutor(Executor):
     ) -> dict[int, Any]:
         """Send ``{client: (message type, content)}``; return ``{client: reply content}`` for the
         clients that answered, an error text (``str``) for those that answered with an error,
-        and nothing for silent ones.  ``states`` are the simulation's client states (transports
-        that keep client states on the server side read them and fill :attr:`states`)."""
+        an :class:`Unavailable` text for those not asked (their node is gone) and nothing for
+        silent ones (:attr:`on_failure` is the round's failure policy).  ``states`` are the
+        simulation's client states (transports that keep client states on the server side read
+        them and fill :attr:`states`)."""
 
     def run_round(
         self,
@@ -70,10 +79,11 @@ class MessageExecutor(Executor):
     ) -> RoundOutput:
         kind = message_type(ctx.kind)
         requests = {
-            k: (kind, encode(plan.payload(k), Meta(ctx.round, k, seed, ctx.kind, self.experiment)))
+            k: (kind, encode(plan.payload(k), Meta(ctx.round, k, seed, ctx.kind, self.experiment, self.session)))
             for k in plan.clients
         }
         self.states: dict[int, Tree] = {}
+        self.on_failure = on_failure
         answers = self.exchange(requests, ctx, states)
         replies: dict[int, Any] = {}
         metrics: dict[int, Any] = {}
@@ -83,6 +93,8 @@ class MessageExecutor(Executor):
             answer = answers.get(k)
             if answer is None:
                 reason = f"client {k} did not reply in round {ctx.round}"
+            elif isinstance(answer, Unavailable):
+                reason = f"client {k} was not asked in round {ctx.round}: {answer}"
             elif isinstance(answer, str):
                 reason = f"client {k} replied with an error in round {ctx.round}: {answer}"
             else:

@@ -94,3 +94,43 @@ class ClientStateStore:
             if payload.get("experiment") == experiment and payload.get("client") == client and payload["round"] < round:
                 return int(payload["round"]), payload["state"]
         return None
+
+    def state_before(self, experiment: str, client: int, round: int) -> tuple[int, Any] | None:
+        """What ``round`` starts from when the node already kept a state of ``round`` or later (a
+        round sent again after a restart, or a server resumed from its checkpoint): the kept state
+        of a round before ``round``; None when the client took part in no round before (only one
+        state kept); a :class:`FedriskError` when both kept states are from ``round`` or later (the
+        server resumed from further back than the node keeps: deployed runs checkpoint every round).
+
+        Example:
+            >>> import tempfile
+            >>> store = ClientStateStore(tempfile.mkdtemp())
+            >>> store.save("e", 0, 5, "after 5")
+            >>> store.state_before("e", 0, 5) is None    # round 5 was the client's first
+            True
+            >>> store.save("e", 0, 6, "after 6")
+            >>> store.state_before("e", 0, 6)
+            (5, 'after 5')
+            >>> store.state_before("e", 0, 5)  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+            fedrisk.errors.FedriskError: client 0 of e: the node keeps its states after rounds 6 and 5, none ...
+        """
+        before = self.load_before(experiment, client, round)
+        path = self.path(experiment, client)
+        if before is None and path.exists() and previous_path(path).exists():
+            rounds = []
+            for candidate in (path, previous_path(path)):
+                try:
+                    rounds.append(str(read_checkpoint(candidate)["round"]))
+                except (CheckpointError, KeyError):
+                    rounds.append("?")
+            raise FedriskError(
+                f"client {client} of {experiment}: the node keeps its states after rounds {' and '.join(rounds)}, "
+                f"none from before round {round}; resume the run from a later checkpoint (or start it again)"
+            )
+        return before
+
+    def discard_newest(self, experiment: str, client: int) -> None:
+        """Forget the newest kept state (before saving the state of a round sent again, so that the
+        state before that round stays the previous one)."""
+        self.path(experiment, client).unlink(missing_ok=True)

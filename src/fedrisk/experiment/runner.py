@@ -52,6 +52,7 @@ from typing import Any, TextIO
 import torch
 
 import fedrisk
+from fedrisk.algorithms.base import Algorithm
 from fedrisk.api import Callback, History, resolve_metrics, run_simulation
 from fedrisk.errors import FedriskError
 from fedrisk.experiment.checkpoint import (
@@ -157,8 +158,6 @@ def build_simulation(
     """
     from fedrisk.algorithms import ALGORITHMS
     from fedrisk.data import build_federation
-    from fedrisk.models import FunctionalModel, build_model
-    from fedrisk.objectives.supervised import LOSSES
 
     seed = run_seed(cfg) if seed is None else seed
     data = cfg.section("data")
@@ -178,8 +177,7 @@ def build_simulation(
     )
     regression = fed.info.get("task") == "regression"
 
-    alg_cfg = cfg.section("algorithm")
-    cls = ALGORITHMS.get(alg_cfg["name"])
+    cls = ALGORITHMS.get(cfg["algorithm.name"])
     if getattr(cls, "requires_pooled_data", False):
         from fedrisk.algorithms.local_only import centralized
 
@@ -195,27 +193,7 @@ def build_simulation(
         objective = "mse" if regression else ("binary_cross_entropy" if num_outputs == 1 else "cross_entropy")
 
     input_shape = tuple(int(d) for d in fed.clients[0].x.shape[1:])
-    model_cfg = cfg.section("model")
-    module = build_model(model_cfg["name"], input_shape, num_outputs, **model_options(model_cfg))
-    model = FunctionalModel(module)
-
-    kwargs: dict[str, Any] = {k: alg_cfg[k] for k in fields.hyper}
-    kwargs["model"] = model
-    if fields.loss is not None:
-        kwargs[fields.loss] = LOSSES[objective][0]
-    if fields.aggregator is not None and alg_cfg["aggregator"] != NONE:
-        kwargs[fields.aggregator] = build_aggregator(alg_cfg["aggregator"])
-    if fields.server_opt is not None:
-        kwargs[fields.server_opt] = build_server_opt(
-            alg_cfg["server_lr"],
-            alg_cfg["server_momentum"],
-            alg_cfg["server_nesterov"],
-            alg_cfg.get("server_optimizer", "sgd"),
-        )
-    try:
-        algorithm = cls(**kwargs)
-    except FedriskError as exc:
-        raise FedriskError(f"[algorithm] {alg_cfg['name']}: {exc}") from None
+    algorithm, module = build_algorithm(cfg, input_shape, num_outputs, objective)
 
     attack, byzantine = None, ()
     if "attack" in cfg.values:
@@ -249,11 +227,55 @@ def build_simulation(
         "seed": seed,
         "input_shape": list(input_shape),
         "num_outputs": num_outputs,
-        "objective": objective if fields.loss is not None else f"(defined by {alg_cfg['name']})",
+        "objective": objective if fields.loss is not None else f"(defined by {cfg['algorithm.name']})",
         "num_params": sum(p.numel() for p in module.parameters()),
         "federation": fed.name,
     }
     return Built(sim, resolved)
+
+
+def build_algorithm(
+    cfg: ExperimentConfig, input_shape: tuple[int, ...], num_outputs: int, objective: str
+) -> tuple[Algorithm, torch.nn.Module]:
+    """The algorithm of ``cfg`` (and its model's module) for data of ``input_shape`` with "auto"
+    resolved (``num_outputs``, ``objective``) as :func:`build_simulation` resolves them; needs no
+    dataset (a Flower node rebuilds its algorithm from these, see ``fedrisk.deploy.node``).
+
+    Example:
+        >>> from fedrisk.experiment.config import resolve_config
+        >>> cfg = resolve_config({"data": {"dataset": "wine", "num_clients": 2}, "model": {"name": "logreg"}})
+        >>> algorithm, module = build_algorithm(cfg, (13,), 3, "cross_entropy")
+        >>> algorithm.name, sum(p.numel() for p in module.parameters())
+        ('fedavg', 42)
+    """
+    from fedrisk.algorithms import ALGORITHMS
+    from fedrisk.models import FunctionalModel, build_model
+    from fedrisk.objectives.supervised import LOSSES
+
+    alg_cfg = cfg.section("algorithm")
+    cls = ALGORITHMS.get(alg_cfg["name"])
+    fields = algorithm_fields(cls)
+    model_cfg = cfg.section("model")
+    module = build_model(model_cfg["name"], input_shape, num_outputs, **model_options(model_cfg))
+    model = FunctionalModel(module)
+
+    kwargs: dict[str, Any] = {k: alg_cfg[k] for k in fields.hyper}
+    kwargs["model"] = model
+    if fields.loss is not None:
+        kwargs[fields.loss] = LOSSES[objective][0]
+    if fields.aggregator is not None and alg_cfg["aggregator"] != NONE:
+        kwargs[fields.aggregator] = build_aggregator(alg_cfg["aggregator"])
+    if fields.server_opt is not None:
+        kwargs[fields.server_opt] = build_server_opt(
+            alg_cfg["server_lr"],
+            alg_cfg["server_momentum"],
+            alg_cfg["server_nesterov"],
+            alg_cfg.get("server_optimizer", "sgd"),
+        )
+    try:
+        return cls(**kwargs), module
+    except FedriskError as exc:
+        raise FedriskError(f"[algorithm] {alg_cfg['name']}: {exc}") from None
 
 
 MODEL_FILE = "model.pt"
