@@ -1,12 +1,14 @@
 """The vectorised executor with and without this repository's ``vmap`` fast paths, interleaved.
 
-Runs ``simulation_speed.py``'s workload (``W1`` or ``W2``) with four
+Runs ``simulation_speed.py``'s workload (``W1`` or ``W2``) with several
 :class:`~simulation_speed.VectorizedRunner` copies and the compute floor in one process, round r
-of each in turn, each copy with some of the fast paths switched off (by patching, for its own
-rounds only):
+of each in turn, each copy with some of the fast paths switched off for its own rounds
+(``fedrisk.algorithms.local.fast_paths``):
 
+* ``fused``: plain local SGD of a zoo MLP / logistic regression as one explicit stacked program
+  without ``vmap`` (``fedrisk.algorithms.fused``);
 * ``gather``: minibatch rows as an embedding lookup under ``vmap`` (``fedrisk.algorithms.local.rows``);
-* ``inplace``: in-place local SGD updates from step 1 on under ``vmap`` (``fedrisk.algorithms.local.sgd_steps``).
+* ``in_place``: in-place local SGD updates from step 1 on under ``vmap`` (``fedrisk.algorithms.local.sgd_steps``).
 
 Prints the median CPU milliseconds per round (rounds 3..R), the median per-round ratio to the
 floor, and the largest difference of each copy's final parameters from the copy without any of
@@ -18,11 +20,9 @@ them (float rounding)::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import time
-from collections.abc import Iterator
 
 import simulation_speed as ss  # this script's folder
 import torch
@@ -31,23 +31,11 @@ from fedrisk.algorithms import local
 
 VARIANTS = {
     "all": set(),
-    "no gather": {"gather"},
-    "no inplace": {"inplace"},
-    "none": {"gather", "inplace"},
+    "no fused": {"fused"},
+    "vmap, no gather": {"fused", "gather"},
+    "vmap, no inplace": {"fused", "in_place"},
+    "none": {"fused", "gather", "in_place"},
 }
-
-
-@contextlib.contextmanager
-def without(off: set[str]) -> Iterator[None]:
-    saved = (local.batch, local._under_vmap_only)
-    if "gather" in off:
-        local.batch = lambda data, idx: (data.x[idx], data.y[idx])
-    if "inplace" in off:
-        local._under_vmap_only = lambda: False
-    try:
-        yield
-    finally:
-        local.batch, local._under_vmap_only = saved
 
 
 def main() -> None:
@@ -62,7 +50,7 @@ def main() -> None:
     cpu: dict[str, list[float]] = {name: [] for name in [*VARIANTS, "floor"]}
     for r in range(wl.rounds):
         for name, runner in runners.items():
-            with without(VARIANTS[name]):
+            with local.fast_paths(**dict.fromkeys(VARIANTS[name], False)):
                 start = time.process_time()
                 runner.step(r)
                 cpu[name].append(time.process_time() - start)
@@ -76,7 +64,7 @@ def main() -> None:
         ref = params["none"]
         diff = max(float((params[name][k] - ref[k]).abs().max()) for k in ref) if name in params else 0.0
         ms = statistics.median(times[2:]) * 1e3
-        print(f"{name:>11}: {ms:7.2f} ms CPU/round, {ratio:.3f} x floor, max |diff| {diff:.1e}")
+        print(f"{name:>16}: {ms:7.2f} ms CPU/round, {ratio:.3f} x floor, max |diff| {diff:.1e}")
 
 
 if __name__ == "__main__":

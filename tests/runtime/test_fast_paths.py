@@ -120,8 +120,17 @@ def test_in_place_local_sgd_under_vmap_equals_the_out_of_place_loop(monkeypatch)
     monkeypatch.setattr(local, "_sgd_update_", lambda *a: calls.append(1) or original(*a))
     fast = torch.func.vmap(run, in_dims=(None, 0, 0, 0))(params, x, y, idx)
     assert len(calls) == 5 * len(params)  # steps 1..5, every leaf
-    monkeypatch.setattr(local, "_under_vmap_only", lambda: False)
-    slow = torch.func.vmap(run, in_dims=(None, 0, 0, 0))(params, x, y, idx)
+    with local.fast_paths(in_place=False):
+        slow = torch.func.vmap(run, in_dims=(None, 0, 0, 0))(params, x, y, idx)
+    assert len(calls) == 5 * len(params)  # no further in-place call
+    explicit = torch.func.vmap(
+        lambda p, xk, yk, ik: local.sgd_steps(
+            objective, p, LocalData(xk, yk, torch.tensor(9)), ik, 0.1, in_place=False
+        ),
+        in_dims=(None, 0, 0, 0),
+    )(params, x, y, idx)
+    assert len(calls) == 5 * len(params)
+    assert all(torch.equal(explicit[0][k], slow[0][k]) for k in params)
     monkeypatch.undo()
     assert all(torch.equal(fast[0][k], slow[0][k]) for k in params) and torch.equal(fast[1], slow[1])
     assert all(torch.equal(params[k], before[k]) for k in params)

@@ -610,14 +610,20 @@ class VectorizedExecutor(Executor):
             reply, new_state, metrics = result
             return _flatten_outputs(algorithm, (reply, new_state, metrics), out_meta)
 
-        try:
-            outs = vmap(one_client, in_dims=(0, 0, 0))(batched, data_leaves, draw_leaves)
-        except FedriskError:
-            raise
-        except Exception as exc:  # a client failure, or an algorithm that does not vectorise
-            return _run_sequentially(algorithm, ctx, plan, states, data, on_failure, members, draws, exc)
+        fused = None
+        if group_draws is not None and plan.per_client is None and all(_is_empty_dict(states[k]) for k in members):
+            fused = _block_update(algorithm, ctx, broadcast, store.local_data(data_leaves), group_draws)
+        if fused is not None:
+            reply_t, state_t, metric_t = fused
+        else:
+            try:
+                outs = vmap(one_client, in_dims=(0, 0, 0))(batched, data_leaves, draw_leaves)
+            except FedriskError:
+                raise
+            except Exception as exc:  # a client failure, or an algorithm that does not vectorise
+                return _run_sequentially(algorithm, ctx, plan, states, data, on_failure, members, draws, exc)
+            reply_t, state_t, metric_t = _split_outputs(outs, out_meta)
         c = len(members)
-        reply_t, state_t, metric_t = _split_outputs(outs, out_meta)
         return _Chunk(
             clients=list(members),
             replies=None,
@@ -647,6 +653,25 @@ class _LazyDraws(Mapping[int, Tree]):
 
     def __len__(self) -> int:
         return len(self._position)
+
+
+def _block_update(
+    algorithm: Algorithm, ctx: RoundContext, payload: Mapping[str, Any], data: LocalData, draws: Tree
+) -> tuple[Tree, Tree, Tree] | None:
+    """The algorithm's ``block_update`` (a stacked program for a block of stateless clients that
+    share one payload, e.g. :meth:`FedAvg.block_update <fedrisk.algorithms.fedavg.FedAvg.block_update>`)
+    instead of ``vmap``, when it has one and it applies; None otherwise (or when it raises: ``vmap``
+    then runs the block and finds a failing client as usual)."""
+    block_update = getattr(algorithm, "block_update", None)
+    if block_update is None:
+        return None
+    try:
+        out = block_update(ctx, payload, data, draws)
+    except FedriskError:
+        raise
+    except Exception:
+        return None
+    return None if out is None else (out[0], out[1], out[2])
 
 
 def _to_device(draws: Tree, device: torch.device) -> Tree:
