@@ -10,8 +10,9 @@ backward passes out by hand for ``C`` clients at once, with every client's weigh
 * forward, layer ``l``: ``h_l = a_{l-1} W_lᵀ + b_l`` (``baddbmm``; at local step 0 every client
   holds the broadcast model, so this is one ordinary GEMM over the block's rows), ReLU between
   layers;
-* loss: ``mean_b(logsumexp(z_b) - z_b[y_b])``, its gradient ``(softmax(z) - onehot(y)) / B``;
-* backward: ``da_{l-1} = dh_l W_l`` (with the weights before the update), ReLU's mask;
+* loss: ``mean_b(-log softmax(z_b)[y_b])``, its gradient ``(softmax(z) - onehot(y)) / B`` (one
+  log-softmax and its backward kernel, as autograd computes them);
+* backward: ``da_{l-1} = dh_l W_l`` (with the weights before the update), ReLU's backward;
 * update, fused with the weight gradient: ``W_l <- W_l - lr dh_lᵀ a_{l-1}`` as one
   ``baddbmm_`` in place (a new ``[C, out, in]`` stack only at step 0), ``b_l <- b_l - lr sum_b dh_l``.
 
@@ -105,19 +106,21 @@ def fused_sgd_steps(
         return None
     c, steps, b = idx.shape
     n = data.x.shape[1]
-    # every step's rows gathered once: [C, E, B, features] and labels [C, E, B]
-    rows = (idx + torch.arange(c, device=idx.device)[:, None, None] * n).reshape(-1)
-    xs = data.x.reshape(c * n, -1).index_select(0, rows).reshape(c, steps, b, -1)
-    ys = data.y.reshape(c * n).index_select(0, rows).reshape(c, steps, b).long()
+    # every step's rows gathered once, step-major (each step's block contiguous): [E, C, B, features]
+    # and labels [E, C, B]
+    rows = (idx.transpose(0, 1) + torch.arange(c, device=idx.device)[:, None] * n).reshape(-1)
+    xs = data.x.reshape(c * n, -1).index_select(0, rows).reshape(steps, c, b, -1)
+    ys = data.y.reshape(c * n).index_select(0, rows).reshape(steps, c, b).long()
     num_out = weights[-1].shape[0]
-    onehot = torch.zeros(c, steps, b, num_out, dtype=dtype, device=xs.device).scatter_(-1, ys[..., None], 1.0)
+    # d loss / d log-softmax of each step: -onehot(y) / B (the loss is the batch mean)
+    grad_out = torch.zeros(steps, c, b, num_out, dtype=dtype, device=xs.device).scatter_(-1, ys[..., None], -1.0 / b)
     w: list[Tensor] = list(weights)  # [out, in] shared at step 0, then [C, out, in] of the block's own
     bias: list[Tensor | None] = [None if name is None else params[name] for _, name in layers]
     last = len(layers) - 1
-    losses = []
+    log_probs = []
     for t in range(steps):
         shared = t == 0
-        acts = [xs[:, t]]  # a_0 = x, then the ReLU outputs
+        acts = [xs[t]]  # a_0 = x, then the ReLU outputs
         h = acts[0]
         for i in range(len(layers)):
             if shared:
@@ -129,15 +132,16 @@ def fused_sgd_steps(
             if i < last:
                 h = torch.relu(h)
                 acts.append(h)
-        lse = torch.logsumexp(h, -1, keepdim=True)
-        losses.append((lse[..., 0] - h.gather(-1, ys[:, t, :, None])[..., 0]).mean(-1))
-        dh = torch.exp(h - lse).sub_(onehot[:, t]).div_(b)  # d loss / d logits, [C, B, out]
+        ls = torch.log_softmax(h, -1)
+        log_probs.append(ls)
+        # d loss / d logits = (softmax(z) - onehot(y)) / B: log-softmax's backward, as autograd computes it
+        dh = torch.ops.aten._log_softmax_backward_data(grad_out[t], ls, -1, dtype)
         for i in range(last, -1, -1):
             a = acts[i]
             da = None
             if i > 0:
                 da = torch.matmul(dh, w[i])  # with the weights before this step's update
-                da.masked_fill_(a <= 0, 0.0)  # ReLU's backward: zero where its output is zero
+                da = torch.ops.aten.threshold_backward(da, a, 0)  # ReLU's backward: zero where its output is 0
             gb = dh.sum(1) if bias[i] is not None else None
             if shared:
                 w[i] = torch.baddbmm(w[i].expand(c, *w[i].shape), dh.mT, a, alpha=-lr)
@@ -149,9 +153,12 @@ def fused_sgd_steps(
                     bias[i].add_(gb, alpha=-lr)  # type: ignore[union-attr]
             if da is not None:
                 dh = da
+    # every step's loss, mean_b(-log softmax(z_b)[y_b]), in one gather
+    nll = -torch.stack(log_probs).gather(-1, ys[..., None])[..., 0]
+    losses = nll.mean(-1)  # [E, C]
     out: dict[str, Tensor] = {}
     for (wn, bn), wi, bi in zip(layers, w, bias):
         out[wn] = wi
         if bn is not None:
             out[bn] = bi  # type: ignore[assignment]
-    return {k: out[k] for k in params}, torch.stack(losses, 1).mean(1)
+    return {k: out[k] for k in params}, losses.mean(0)
