@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -58,6 +59,25 @@ def test_fused_equals_each_clients_sgd_steps(name, options, dtype, rtol) -> None
     assert all(torch.equal(params[k], fresh[k]) for k in params)
 
 
+@pytest.mark.parametrize("name", ["logreg", "mlp"])
+def test_fused_proximal_term_equals_fedprox_correction(name) -> None:
+    model = FunctionalModel(build_model(name, (2, 3), 4, **({"hidden": [6]} if name == "mlp" else {})))
+    params = model.init_params(0, dtype=torch.float64)
+    sizes = [6, 4]
+    x, y, idx = _block(torch.float64, sizes)
+    out = fused.fused_sgd_steps(model, cross_entropy, params, LocalData(x, y, torch.tensor(sizes)), idx, 0.3, 0.7)
+    assert out is not None
+    correction = FedProx(model=model, loss=cross_entropy, mu=0.7).local_correction({"params": params}, {})
+    objective = local.supervised_objective(model.apply, cross_entropy)
+    for i, s in enumerate(sizes):
+        data = LocalData(x[i, :s], y[i, :s], torch.tensor(s))
+        one, _ = local.sgd_steps(objective, params, data, idx[i], 0.3, correction)
+        plain, _ = local.sgd_steps(objective, params, data, idx[i], 0.3)
+        for k in params:
+            torch.testing.assert_close(out[0][k][i], one[k], rtol=1e-11, atol=1e-13)
+        assert any(not torch.allclose(out[0][k][i], plain[k]) for k in params)  # the term matters
+
+
 def test_one_step_and_unsupported_cases() -> None:
     model = FunctionalModel(build_model("mlp", (2, 3), 4, hidden=[6]))
     params = model.init_params(0, dtype=torch.float64)
@@ -80,15 +100,23 @@ def _federation() -> Federation:
     return Federation("toy", [s.subset(range(a, b)) for a, b in itertools.pairwise(cuts)], num_classes=3)
 
 
-@pytest.mark.parametrize("algorithm", [FedAvg, FedProx])
-def test_vectorized_executor_uses_the_fused_path_for_fedavg_only(monkeypatch, algorithm) -> None:
-    """FedAvg on a zoo MLP runs the fused program (FedProx, with its correction, runs vmap); the
+@dataclass(frozen=True)
+class _Damped(FedAvg):
+    """FedAvg with a gradient correction the fused program does not know."""
+
+    def local_correction(self, payload, state):
+        return lambda params, g: {k: 0.5 * v for k, v in g.items()}
+
+
+@pytest.mark.parametrize(("algorithm", "options"), [(FedAvg, {}), (FedProx, {"mu": 0.3}), (_Damped, {})])
+def test_vectorized_executor_uses_the_fused_path_for_fedavg_and_fedprox(monkeypatch, algorithm, options) -> None:
+    """FedAvg and FedProx on a zoo MLP run the fused program (another correction runs vmap); the
     results equal the sequential executor's and the vmap path's to float rounding."""
     calls = []
     original = fused.fused_sgd_steps
     monkeypatch.setattr("fedrisk.algorithms.fedavg.fused_sgd_steps", lambda *a: calls.append(1) or original(*a))
     model = FunctionalModel(build_model("mlp", (5,), 3, hidden=[8]))
-    alg = algorithm(model=model, loss=cross_entropy, lr=0.2, local_steps=3, batch_size=4, sampling="shuffle")
+    alg = algorithm(model=model, loss=cross_entropy, lr=0.2, local_steps=3, batch_size=4, sampling="shuffle", **options)
     fed = _federation()
     results = {}
     for name, executor, switches in [
@@ -101,7 +129,7 @@ def test_vectorized_executor_uses_the_fused_path_for_fedavg_only(monkeypatch, al
             for _ in range(3):
                 sim.step()
         results[name] = sim.server_state["params"]
-    assert len(calls) == (6 if algorithm is FedAvg else 0)  # 3 rounds x 2 blocks
+    assert len(calls) == (0 if algorithm is _Damped else 6)  # 3 rounds x 2 blocks
     for name in ("fused", "vmap"):
         for k, v in results["sequential"].items():
             torch.testing.assert_close(results[name][k], v, rtol=1e-10, atol=1e-12)

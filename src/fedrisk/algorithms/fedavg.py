@@ -136,14 +136,17 @@ class FedAvg(Algorithm):
         """:meth:`client_update` of a block of stateless clients sharing ``payload`` at once,
         as the vectorised executor's fast path: ``data`` and ``draws`` stacked ``[C, ...]``, the
         result stacked likewise.  None (the executor then uses ``vmap``) unless this is FedAvg's
-        own local loop with no correction, on a model and loss that
+        own local loop with no correction or FedProx's proximal term, on a model and loss that
         :func:`~fedrisk.algorithms.fused.fused_sgd_steps` supports.
         """
         if type(self).client_update is not FedAvg.client_update or not active_fast_paths().fused:
             return None
-        if self.local_correction(payload, {}) is not None:
+        mu = 0.0
+        if type(self).local_correction is FedProx.local_correction:
+            mu = float(self.mu)  # type: ignore[attr-defined]
+        elif self.local_correction(payload, {}) is not None:
             return None
-        out = fused_sgd_steps(self.model, self.loss, payload["params"], data, draws["batches"], self.lr)
+        out = fused_sgd_steps(self.model, self.loss, payload["params"], data, draws["batches"], self.lr, mu)
         if out is None:
             return None
         return ClientResult({"params": out[0]}, {}, {"loss": out[1]})

@@ -17,10 +17,11 @@ backward passes out by hand for ``C`` clients at once, with every client's weigh
   ``baddbmm_`` in place (a new ``[C, out, in]`` stack only at step 0), ``b_l <- b_l - lr sum_b dh_l``.
 
 These are the operations of ``w <- w - lr * grad f_k(w; minibatch)`` (FedAvg's local loop,
-:func:`fedrisk.algorithms.local.sgd_steps`) in another order, so the results equal the
+:func:`fedrisk.algorithms.local.sgd_steps`; FedProx adds ``mu (w - w_r)`` to the gradient, i.e.
+``w <- (1 - lr mu) w + lr mu w_r`` before the step) in another order, so the results equal the
 sequential executor's to float rounding (``tests/runtime/test_fused.py``).  Anything else (other
-models, losses, output activations, a gradient correction, dtypes that differ) returns None and
-the executor uses ``vmap``.  ``benchmarks/RESULTS.md`` has the speed.
+models, losses, output activations, other gradient corrections, dtypes that differ) returns
+None and the executor uses ``vmap``.  ``benchmarks/RESULTS.md`` has the speed.
 
 Example:
     >>> import torch
@@ -87,8 +88,12 @@ def fused_sgd_steps(
     data: LocalData,
     idx: Tensor,
     lr: float,
+    prox_mu: float = 0.0,
 ) -> tuple[dict[str, Tensor], Tensor] | None:
     """``E`` plain local SGD steps of ``C`` clients from the shared ``params``.
+
+    ``prox_mu > 0`` adds FedProx's proximal gradient ``mu (w - w_r)`` (``w_r`` = ``params``):
+    ``w <- (1 - lr mu) w + lr mu w_r - lr grad`` (zero at step 0, where ``w = w_r``).
 
     ``data``: the block's stacked data (``x [C, n, ...]``, ``y [C, n]``); ``idx [C, E, B]``
     the minibatch rows (below each client's size).  Returns every client's final parameters
@@ -96,7 +101,7 @@ def fused_sgd_steps(
     loss or the dtypes are not supported (see :func:`fused_layers`).
     """
     layers = fused_layers(model, loss)
-    if layers is None or not isinstance(lr, (int, float)) or isinstance(lr, bool):
+    if layers is None or any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in (lr, prox_mu)):
         return None
     weights = [params[w] for w, _ in layers]
     dtype = weights[0].dtype
@@ -148,8 +153,12 @@ def fused_sgd_steps(
                 if gb is not None:
                     bias[i] = torch.add(bias[i], gb, alpha=-lr)  # type: ignore[arg-type]
             else:
+                if prox_mu:
+                    w[i].mul_(1.0 - lr * prox_mu).add_(weights[i], alpha=lr * prox_mu)
                 w[i].baddbmm_(dh.mT, a, alpha=-lr)
                 if gb is not None:
+                    if prox_mu:
+                        bias[i].mul_(1.0 - lr * prox_mu).add_(params[layers[i][1]], alpha=lr * prox_mu)  # type: ignore[union-attr,index]
                     bias[i].add_(gb, alpha=-lr)  # type: ignore[union-attr]
             if da is not None:
                 dh = da

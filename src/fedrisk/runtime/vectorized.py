@@ -23,7 +23,7 @@ per client.  One round, for each block of the round's (sorted) clients:
 3. ``vmap``: ``client_update(ctx, {**broadcast, **per_client}, state, data, draws)`` runs once
    under ``torch.func.vmap`` for the whole group.  A group of stateless clients sharing one
    payload skips ``vmap`` when the algorithm has a ``block_update(ctx, payload, data, draws)``
-   that returns its stacked result (FedAvg with plain SGD and cross-entropy on a zoo MLP or
+   that returns its stacked result (FedAvg and FedProx with cross-entropy on a zoo MLP or
    logistic regression: :mod:`fedrisk.algorithms.fused`, the same numbers to float rounding;
    :func:`fedrisk.algorithms.local.fast_paths` switches it off).
 4. ``replies`` stay stacked: :class:`StackedReplies` implements ``sum`` / ``mean`` as one
