@@ -11,16 +11,18 @@ two versions of fedrisk: the same draws give the same model up to float rounding
 To time another version of fedrisk with this script, put its ``src`` first on the path::
 
     nice -n 10 .venv/bin/python benchmarks/many_clients.py --rounds 3
+    nice -n 10 .venv/bin/python benchmarks/many_clients.py --rounds 3 --fast-paths-off fused   # vmap instead
     PYTHONPATH=<checkout of another commit>/src .venv/bin/python benchmarks/many_clients.py --rounds 3
 
 (the first round pays vmap's one-off lazy import; the report's median is over rounds 2..R).
-It peaks at about 4.8 GB of memory (``benchmarks/RESULTS.md``, "10,000 clients"): on a shared
-machine run one such job at a time.
+It peaks at about 2.8 GB of memory (4.8 GB before the preallocated reply stack;
+``benchmarks/RESULTS.md``, "10,000 clients"): on a shared machine run one such job at a time.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -37,6 +39,13 @@ def main() -> None:
     p.add_argument("--block-size", type=int, default=None, help="clients per vmapped block (default: automatic)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None, help="also write the result to this file")
+    p.add_argument(
+        "--fast-paths-off",
+        nargs="*",
+        default=[],
+        metavar="NAME",
+        help="fast paths to switch off (fedrisk.algorithms.local.FastPaths: fused, gather, in_place)",
+    )
     args = p.parse_args()
 
     import torch
@@ -56,10 +65,17 @@ def main() -> None:
     alg = FedAvg(model=model, loss=cross_entropy, lr=0.05, local_steps=5, batch_size=4)
     executor = VectorizedExecutor(block_size=args.block_size)
     sim = Simulation(alg, fed, seed=0, executor=executor)
+    switches = contextlib.nullcontext
+    if args.fast_paths_off:
+        from fedrisk.algorithms.local import fast_paths
+
+        off = dict.fromkeys(args.fast_paths_off, False)
+        switches = lambda: fast_paths(**off)  # noqa: E731
     wall, cpu = [], []
     for _ in range(args.rounds):
         w, c = time.perf_counter(), time.process_time()
-        sim.step()
+        with switches():
+            sim.step()
         wall.append(time.perf_counter() - w)
         cpu.append(time.process_time() - c)
         print(f"round {len(wall)}: {wall[-1]:.2f} s wall, {cpu[-1]:.2f} s CPU", flush=True)
@@ -78,6 +94,7 @@ def main() -> None:
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "checksum": float(sum(v.double().abs().sum() for v in params.values())),
         "load_average": os.getloadavg(),
+        "fast_paths_off": args.fast_paths_off,
     }
     print(json.dumps(result))
     if args.json:

@@ -120,8 +120,17 @@ def test_in_place_local_sgd_under_vmap_equals_the_out_of_place_loop(monkeypatch)
     monkeypatch.setattr(local, "_sgd_update_", lambda *a: calls.append(1) or original(*a))
     fast = torch.func.vmap(run, in_dims=(None, 0, 0, 0))(params, x, y, idx)
     assert len(calls) == 5 * len(params)  # steps 1..5, every leaf
-    monkeypatch.setattr(local, "_under_vmap_only", lambda: False)
-    slow = torch.func.vmap(run, in_dims=(None, 0, 0, 0))(params, x, y, idx)
+    with local.fast_paths(in_place=False):
+        slow = torch.func.vmap(run, in_dims=(None, 0, 0, 0))(params, x, y, idx)
+    assert len(calls) == 5 * len(params)  # no further in-place call
+    explicit = torch.func.vmap(
+        lambda p, xk, yk, ik: local.sgd_steps(
+            objective, p, LocalData(xk, yk, torch.tensor(9)), ik, 0.1, in_place=False
+        ),
+        in_dims=(None, 0, 0, 0),
+    )(params, x, y, idx)
+    assert len(calls) == 5 * len(params)
+    assert all(torch.equal(explicit[0][k], slow[0][k]) for k in params)
     monkeypatch.undo()
     assert all(torch.equal(fast[0][k], slow[0][k]) for k in params) and torch.equal(fast[1], slow[1])
     assert all(torch.equal(params[k], before[k]) for k in params)
@@ -129,3 +138,21 @@ def test_in_place_local_sgd_under_vmap_equals_the_out_of_place_loop(monkeypatch)
     monkeypatch.setattr(local, "_sgd_update_", lambda *a: calls.append(1) or original(*a))
     outer = torch.func.vmap(torch.func.grad(lambda p, xk, yk, ik: run(p, xk, yk, ik)[1]), in_dims=(None, 0, 0, 0))
     assert outer(params, x, y, idx)["layers.0.weight"].shape == (4, 7, 5) and not calls
+
+
+def test_fast_path_switches_reject_bad_input_and_restore() -> None:
+    """``local.fast_paths``: unknown names and non-bool values are FedriskErrors naming the
+    allowed choices; the switches in force come back after the block, also on an exception."""
+    import pytest
+
+    from fedrisk.algorithms import local
+    from fedrisk.errors import FedriskError
+
+    with pytest.raises(FedriskError, match="fused, gather, in_place"), local.fast_paths(fusion=False):
+        pass
+    with pytest.raises(FedriskError, match="True or False"), local.fast_paths(fused=0):
+        pass
+    with pytest.raises(RuntimeError), local.fast_paths(fused=False, gather=False) as active:
+        assert not active.fused and not active.gather and active.in_place
+        raise RuntimeError("inside")
+    assert local.active_fast_paths() == local.FastPaths()

@@ -36,7 +36,9 @@ from fedrisk.algorithms.base import (
     RoundPlan,
     sample_clients,
 )
+from fedrisk.algorithms.fused import fused_sgd_steps
 from fedrisk.algorithms.local import (
+    active_fast_paths,
     check_local_sgd,
     sample_batches,
     sgd_steps,
@@ -127,6 +129,27 @@ class FedAvg(Algorithm):
             objective, payload["params"], data, draws["batches"], self.lr, self.local_correction(payload, state)
         )
         return ClientResult({"params": params}, state, {"loss": loss})
+
+    def block_update(
+        self, ctx: RoundContext, payload: Mapping[str, Any], data: LocalData, draws: Tree
+    ) -> ClientResult | None:
+        """:meth:`client_update` of a block of stateless clients sharing ``payload`` at once,
+        as the vectorised executor's fast path: ``data`` and ``draws`` stacked ``[C, ...]``, the
+        result stacked likewise.  None (the executor then uses ``vmap``) unless this is FedAvg's
+        own local loop with no correction or FedProx's proximal term, on a model and loss that
+        :func:`~fedrisk.algorithms.fused.fused_sgd_steps` supports.
+        """
+        if type(self).client_update is not FedAvg.client_update or not active_fast_paths().fused:
+            return None
+        mu = 0.0
+        if type(self).local_correction is FedProx.local_correction:
+            mu = float(self.mu)  # type: ignore[attr-defined]
+        elif self.local_correction(payload, {}) is not None:
+            return None
+        out = fused_sgd_steps(self.model, self.loss, payload["params"], data, draws["batches"], self.lr, mu)
+        if out is None:
+            return None
+        return ClientResult({"params": out[0]}, {}, {"loss": out[1]})
 
 
 @dataclass(frozen=True)

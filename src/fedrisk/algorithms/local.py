@@ -16,7 +16,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 import torch
@@ -32,6 +34,63 @@ from fedrisk.tree import Tree, tree_map
 
 Sampling = Literal["with_replacement", "shuffle"]
 SAMPLING_CHOICES = ("with_replacement", "shuffle")
+
+
+@dataclass(frozen=True)
+class FastPaths:
+    """Which of the vectorised executor's fast paths are on (all by default).
+
+    They change speed, never semantics (``fused``: float rounding only); switching one off is
+    for A/B benchmarks (``benchmarks/vectorized_ab.py``) and for tests that compare a fast path
+    with the generic code.  Use :func:`fast_paths` to switch them.
+
+    * ``gather``: minibatch rows as an embedding lookup under ``vmap`` (:func:`rows`);
+    * ``in_place``: under ``vmap`` alone, :func:`sgd_steps` updates its own tensors in place
+      from local step 1 on;
+    * ``fused``: plain local SGD of a zoo MLP / logistic regression with cross-entropy runs as
+      one explicit stacked program without ``vmap`` (:mod:`fedrisk.algorithms.fused`).
+    """
+
+    gather: bool = True
+    in_place: bool = True
+    fused: bool = True
+
+
+_FAST_PATHS = [FastPaths()]
+
+
+def active_fast_paths() -> FastPaths:
+    """The fast paths in force (see :class:`FastPaths`)."""
+    return _FAST_PATHS[-1]
+
+
+@contextlib.contextmanager
+def fast_paths(**switches: bool) -> Iterator[FastPaths]:
+    """Switch fast paths on / off inside a ``with`` block (names: the fields of :class:`FastPaths`).
+
+    Example:
+        >>> with fast_paths(in_place=False) as active:
+        ...     active.in_place, active_fast_paths().gather
+        (False, True)
+        >>> active_fast_paths().in_place
+        True
+        >>> with fast_paths(inplace=False):  # doctest: +ELLIPSIS
+        ...     pass
+        Traceback (most recent call last):
+        ...
+        fedrisk.errors.FedriskError: unknown fast path 'inplace'. Did you mean 'in_place'? ...
+    """
+    names = [f.name for f in fields(FastPaths)]
+    for name, on in switches.items():
+        if name not in names:
+            raise unknown_name("fast path", name, names)
+        if not isinstance(on, bool):
+            raise FedriskError(f"fast path {name!r} must be True or False; got {on!r}")
+    _FAST_PATHS.append(replace(active_fast_paths(), **switches))
+    try:
+        yield _FAST_PATHS[-1]
+    finally:
+        _FAST_PATHS.pop()
 
 
 def check_sampling(sampling: str) -> None:
@@ -93,7 +152,7 @@ def batch(data: LocalData, idx: Tensor) -> tuple[Tensor, Tensor]:
 
     Under ``vmap`` (the vectorised executor) the rows are gathered by :func:`rows`.
     """
-    if under_vmap():
+    if active_fast_paths().gather and under_vmap():
         return rows(data.x, idx), rows(data.y, idx)
     return data.x[idx], data.y[idx]
 
@@ -150,11 +209,19 @@ def sgd_steps(
     idx: Tensor,
     lr: float,
     correction: Callable[[Tree, Tree], Tree] | None = None,
+    *,
+    in_place: bool | None = None,
 ) -> tuple[Tree, Tensor]:
     """Local SGD: for each row of ``idx``, ``params <- params - lr * (grad + correction)``.
 
     ``correction(params, grad)`` returns the full direction to use (FedProx adds its proximal
     term, SCAFFOLD its control variates).  Returns the final parameters and the mean loss.
+
+    ``in_place``: update the loop's own tensors in place from step 1 on (the same numbers, bit
+    for bit, without a new stack of per-client weights per step).  Only allowed where nothing
+    differentiates through the loop; None (the default) does it exactly when running under
+    ``vmap`` and no ``grad`` / ``jvp`` transform, with a Python-number ``lr``, and
+    :class:`FastPaths` ``in_place`` on.
     """
     if (
         correction is None
@@ -166,7 +233,9 @@ def sgd_steps(
     ):
         return _eager_sgd_steps(objective, params, data, idx, lr)
     vg = value_and_grad(objective)
-    in_place = isinstance(lr, (int, float)) and _under_vmap_only()
+    if in_place is None:
+        in_place = active_fast_paths().in_place and under_vmap(only=True)
+    in_place = in_place and isinstance(lr, (int, float))
     losses = []
     for t in range(idx.shape[0]):
         x, y = batch(data, idx[t])
@@ -180,13 +249,6 @@ def sgd_steps(
             params = sgd_step(params, g, lr)
         losses.append(value)
     return params, torch.stack(losses).mean()
-
-
-def _under_vmap_only() -> bool:
-    """True inside ``torch.func.vmap`` (the vectorised executor) with no ``grad`` / ``jvp``
-    transform around it: nothing differentiates through the local loop, so its own tensors
-    may be updated in place."""
-    return under_vmap(only=True)
 
 
 def _sgd_update_(param: Tensor, grad: Tensor, lr: float) -> Tensor:
