@@ -151,18 +151,13 @@ class DiskClientStates(MutableMapping[int, Tree]):
 
     def restore(self, ref: dict[str, Any]) -> None:
         """Make the state files those of the snapshot ``ref`` (every digest checked first)."""
+        for k in ref["sha256"]:
+            self._check(int(k))
+        problem = snapshot_problem(self.folder, ref)
+        if problem is not None:
+            raise FedriskError(problem)
         snap = self.folder / SNAPSHOTS / str(ref["snapshot"])
         digests = {int(k): str(v) for k, v in ref["sha256"].items()}
-        if not snap.is_dir():
-            raise FedriskError(
-                f"the checkpoint's client states {snap} are missing; they live in the run directory's "
-                f"{self.folder.name}/{SNAPSHOTS} folder (resume in the run directory that wrote the checkpoint)"
-            )
-        for k, digest in digests.items():
-            p = snap / self.path(self._check(k)).name
-            if not p.is_file() or _sha256_file(p) != digest:
-                problem = "missing" if not p.is_file() else "corrupted (its SHA-256 differs from the checkpoint's)"
-                raise FedriskError(f"the checkpoint's state of client {k} ({p}) is {problem}")
         self._clear()
         for k in digests:
             _link_or_copy(snap / self.path(k).name, self.path(k))
@@ -182,6 +177,38 @@ class DiskClientStates(MutableMapping[int, Tree]):
         for p in root.iterdir():
             if p.is_dir() and p.name not in keep:
                 shutil.rmtree(p, ignore_errors=True)
+
+
+def snapshot_problem(folder: str | Path, ref: dict[str, Any]) -> str | None:
+    """None when every file of the snapshot ``ref`` in the store ``folder`` is there with the
+    SHA-256 digest the checkpoint recorded, else what is wrong (the first missing, truncated or
+    altered file, by client and path).  Reads each file once, block by block; loads nothing.
+
+    Example:
+        >>> import tempfile, torch
+        >>> store = DiskClientStates(tempfile.mkdtemp(), 2, initial=lambda k: {"c": torch.zeros(1)})
+        >>> store[1] = {"c": torch.ones(1)}
+        >>> ref = store.snapshot()
+        >>> snapshot_problem(store.folder, ref) is None
+        True
+        >>> (store.folder / SNAPSHOTS / ref["snapshot"] / "client-1.pt").unlink()
+        >>> snapshot_problem(store.folder, ref).endswith("client-1.pt) is missing")
+        True
+    """
+    folder = Path(folder)
+    snap = folder / SNAPSHOTS / str(ref["snapshot"])
+    if not snap.is_dir():
+        return (
+            f"the checkpoint's client states {snap} are missing; they live in the run directory's "
+            f"{folder.name}/{SNAPSHOTS} folder (resume in the run directory that wrote the checkpoint)"
+        )
+    for k, digest in sorted((int(k), str(v)) for k, v in ref["sha256"].items()):
+        p = snap / f"client-{k}.pt"
+        if not p.is_file():
+            return f"the checkpoint's state of client {k} ({p}) is missing"
+        if _sha256_file(p) != digest:
+            return f"the checkpoint's state of client {k} ({p}) is corrupted (its SHA-256 differs from the manifest's)"
+    return None
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
