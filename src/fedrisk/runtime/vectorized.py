@@ -24,7 +24,9 @@ per client.  One round, for each block of the round's (sorted) clients:
    under ``torch.func.vmap`` for the whole group.
 4. ``replies`` stay stacked: :class:`StackedReplies` implements ``sum`` / ``mean`` as one
    weighted reduction over the client dimension and ``gather`` / ``stacked`` / ``as_dict`` by
-   indexing.  New client states are split per client (copied, so that a client's state never
+   indexing.  Each block's stacked replies are moved into one ``[M, ...]`` round buffer as soon
+   as the block is checked (``_RoundChunks``), so a round's replies are held once.  New client
+   states are split per client (copied, so that a client's state never
    pins a whole block's tensor in memory); metrics are split per client.
 5. ``checks``: one ``isfinite`` reduction per reply leaf over the block gives the clients whose
    reply is NaN/inf; they are handled by ``on_failure`` exactly like the sequential executor
@@ -463,7 +465,7 @@ class VectorizedExecutor(Executor):
         check_vectorizable(algorithm)
         store = self._store_of(data)
         size = self.block_size_for(plan, states, data)
-        chunks: list[_Chunk] = []
+        chunks = _RoundChunks(plan.clients)
         failed: dict[int, str] = {}
         clients = plan.clients
         for start in range(0, len(clients), size):
@@ -478,7 +480,7 @@ class VectorizedExecutor(Executor):
             new_states.update(zip(c.clients, c.states))
             metrics.update(zip(c.clients, c.metrics))
         return RoundOutput(
-            _assemble_replies(chunks),
+            chunks.replies(),
             {k: new_states[k] for k in done},
             {k: metrics[k] for k in done},
             {k: failed[k] for k in sorted(failed)},
@@ -847,6 +849,98 @@ def _select(chunk: _Chunk, keep: list[int]) -> _Chunk:
         [chunk.states[i] for i in keep],
         [chunk.metrics[i] for i in keep],
     )
+
+
+class _RoundChunks(list[_Chunk]):
+    """The chunks of one round (a list), in the order ``_run_block`` appends them, with their stacked
+    replies moved into one ``[M, ...]`` buffer per reply leaf (``M`` = the round's clients, row
+    ``i`` = the ``i``-th smallest client id) as each chunk arrives.
+
+    A block's stacked replies are therefore freed as soon as the block is checked, and the
+    round's replies are never held twice: :func:`_assemble_replies` concatenated every block's
+    stacked replies at the end of the round, so that the blocks and their concatenation (2x the
+    round's replies) were alive at once.  The buffer holds the same values in the same order as
+    that concatenation, so every reduction over it gives the same bits.  When every client
+    replied it is used as is; otherwise the replying clients' rows are selected (one copy, like
+    the concatenation).  Chunks that do not fit the buffer (replies not stacked, or of another
+    structure, shape, dtype or device than the first chunk's) keep their replies, and the round
+    is assembled by :func:`_assemble_replies` exactly as before (with the buffered chunks as
+    views of the buffer's rows).
+
+    Example:
+        >>> rc = _RoundChunks([4, 1, 7])
+        >>> rc.append(_Chunk([1, 4], None, {"d": torch.tensor([[1.0], [2.0]])}, [{}, {}], [{}, {}]))
+        >>> rc.append(_Chunk([7], None, {"d": torch.tensor([[3.0]])}, [{}], [{}]))
+        >>> r = rc.replies()
+        >>> r.clients, r.stacked("d").flatten().tolist(), [c.stacked for c in rc]
+        ([1, 4, 7], [1.0, 2.0, 3.0], [None, None])
+    """
+
+    def __init__(self, clients: Sequence[int]) -> None:
+        super().__init__()
+        self.row = {int(k): i for i, k in enumerate(sorted(int(k) for k in clients))}
+        self.buffered: list[bool] = []  # per chunk: its replies are in the buffer
+        self.spec: Any = None
+        self.buffer: list[Tensor] | None = None
+        self.whole: _Chunk | None = None  # a first chunk of every client: kept as it is
+
+    def _fits(self, leaves: list[Any], spec: Any) -> bool:
+        assert self.buffer is not None
+        return spec == self.spec and all(
+            isinstance(x, Tensor) and x.shape[1:] == b.shape[1:] and x.dtype == b.dtype and x.device == b.device
+            for x, b in zip(leaves, self.buffer)
+        )
+
+    def append(self, chunk: _Chunk) -> None:
+        super().append(chunk)
+        if chunk.stacked is None or not chunk.clients or self.whole is not None:
+            self.buffered.append(False)
+            return
+        leaves, spec = pytree.tree_flatten(chunk.stacked)
+        if self.buffer is None and not any(self.buffered):
+            if not leaves or not all(isinstance(x, Tensor) for x in leaves):  # e.g. replies {}: nothing to hold
+                self.buffered.append(False)
+                return
+            if len(chunk.clients) == len(self.row) and not any(c.clients for c in self[:-1]):
+                self.whole = chunk  # the whole round in one chunk: nothing to move
+                self.buffered.append(False)
+                return
+            self.spec = spec
+            self.buffer = [torch.empty((len(self.row), *x.shape[1:]), dtype=x.dtype, device=x.device) for x in leaves]
+        if not self._fits(leaves, spec):
+            self.buffered.append(False)
+            return
+        assert self.buffer is not None
+        rows = [self.row[k] for k in chunk.clients]
+        contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
+        index = None if contiguous else torch.tensor(rows, dtype=torch.long, device=self.buffer[0].device)
+        for x, b in zip(leaves, self.buffer):
+            if index is None:
+                b[rows[0] : rows[0] + len(rows)].copy_(x)
+            else:
+                b.index_copy_(0, index, x)
+        chunk.stacked = None  # its block's tensors are freed
+        self.buffered.append(True)
+
+    def replies(self) -> Replies:
+        """The round's replies: those of :func:`_assemble_replies` over the same chunks."""
+        if self.buffer is None:
+            return _assemble_replies(self)
+        if all(inside or not c.clients for c, inside in zip(self, self.buffered)):
+            done = sorted(k for c in self for k in c.clients)
+            cols = self.buffer
+            if len(done) < len(self.row):  # failed clients: their rows are dropped
+                index = torch.tensor([self.row[k] for k in done], dtype=torch.long, device=cols[0].device)
+                cols = [x[index] for x in cols]
+            return StackedReplies(done, pytree.tree_unflatten(cols, self.spec))
+        views = []  # a mixed round: assemble as before, buffered chunks as views of their rows
+        for c, inside in zip(self, self.buffered):
+            if inside:
+                index = torch.tensor([self.row[k] for k in c.clients], dtype=torch.long)
+                stacked = pytree.tree_unflatten([x[index.to(x.device)] for x in self.buffer], self.spec)
+                c = _Chunk(c.clients, None, stacked, c.states, c.metrics)
+            views.append(c)
+        return _assemble_replies(views)
 
 
 def _assemble_replies(chunks: Sequence[_Chunk]) -> Replies:
