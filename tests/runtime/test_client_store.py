@@ -18,7 +18,7 @@ import torch
 from fedrisk.algorithms.scaffold import Scaffold
 from fedrisk.errors import FedriskError
 from fedrisk.objectives.supervised import cross_entropy
-from fedrisk.runtime.client_store import DiskClientStates
+from fedrisk.runtime.client_store import DiskClientStates, snapshot_problem
 from fedrisk.runtime.simulation import Simulation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -125,3 +125,23 @@ def test_store_refuses_unsafe_files_and_bad_ids(tmp_path: Path) -> None:
     assert not (tmp_path / "ran").exists()
     with pytest.raises(KeyError):
         store[2]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"snapshot": "../../elsewhere"}, r"names its client states '\.\./\.\./elsewhere', which is not a snapshot"),
+        ({"snapshot": None}, r"names its client states 'None', which is not a snapshot name"),
+        ({"sha256": [1, 2]}, r"reference to its client states in .* is malformed"),
+        ({"sha256": {"x": "00"}}, r"reference to its client states in .* is malformed"),
+    ],
+)
+def test_malformed_snapshot_reference_is_a_clear_error(tmp_path: Path, change: dict, message: str) -> None:
+    """A checkpoint read safely can still hold any plain data: a bad reference is named, and
+    its snapshot name can never point outside the store's snapshots folder."""
+    store = DiskClientStates(tmp_path, 2, initial=lambda k: {"c": torch.zeros(1)})
+    store[1] = {"c": torch.ones(1)}
+    ref = {**store.snapshot(), **change}
+    assert snapshot_problem(tmp_path, ref) is not None
+    with pytest.raises(FedriskError, match=message):
+        store.restore(ref)

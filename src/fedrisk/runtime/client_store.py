@@ -40,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -151,11 +152,11 @@ class DiskClientStates(MutableMapping[int, Tree]):
 
     def restore(self, ref: dict[str, Any]) -> None:
         """Make the state files those of the snapshot ``ref`` (every digest checked first)."""
-        for k in ref["sha256"]:
-            self._check(int(k))
         problem = snapshot_problem(self.folder, ref)
         if problem is not None:
             raise FedriskError(problem)
+        for k in ref["sha256"]:
+            self._check(int(k))
         snap = self.folder / SNAPSHOTS / str(ref["snapshot"])
         digests = {int(k): str(v) for k, v in ref["sha256"].items()}
         self._clear()
@@ -196,13 +197,20 @@ def snapshot_problem(folder: str | Path, ref: dict[str, Any]) -> str | None:
         True
     """
     folder = Path(folder)
-    snap = folder / SNAPSHOTS / str(ref["snapshot"])
+    name = str(ref.get("snapshot"))
+    if not re.fullmatch(r"snap-[0-9a-f]{1,64}", name):  # a name from a file: never a path elsewhere
+        return f"the checkpoint names its client states {name!r}, which is not a snapshot name (snap-<hex>)"
+    snap = folder / SNAPSHOTS / name
     if not snap.is_dir():
         return (
             f"the checkpoint's client states {snap} are missing; they live in the run directory's "
             f"{folder.name}/{SNAPSHOTS} folder (resume in the run directory that wrote the checkpoint)"
         )
-    for k, digest in sorted((int(k), str(v)) for k, v in ref["sha256"].items()):
+    try:
+        digests = sorted((int(k), str(v)) for k, v in ref["sha256"].items())
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return f"the checkpoint's reference to its client states in {snap} is malformed (no client -> SHA-256 table)"
+    for k, digest in digests:
         p = snap / f"client-{k}.pt"
         if not p.is_file():
             return f"the checkpoint's state of client {k} ({p}) is missing"
