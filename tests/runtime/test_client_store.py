@@ -145,3 +145,40 @@ def test_malformed_snapshot_reference_is_a_clear_error(tmp_path: Path, change: d
     assert snapshot_problem(tmp_path, ref) is not None
     with pytest.raises(FedriskError, match=message):
         store.restore(ref)
+
+
+def test_vectorized_rounds_stage_new_states_on_disk(tmp_path: Path) -> None:
+    """With client states on disk, the vectorised executor writes each block's new states to
+    staged files as the block finishes (the round's output holds no state in memory); applying
+    the round renames them into place, and a round that is not applied changes nothing."""
+    from fedrisk.runtime.client_store import StagedStates
+    from fedrisk.runtime.executor import ClientFailure
+    from fedrisk.runtime.vectorized import VectorizedExecutor
+
+    disk = _sim("sequential", tmp_path / "s")
+    disk.executor = VectorizedExecutor(block_size=2)
+    disk.executor.prepare(disk.algorithm, disk.data)
+    mem = _sim("vectorized", None)
+    mem.executor = VectorizedExecutor(block_size=2)
+    mem.executor.prepare(mem.algorithm, mem.data)
+    seen = []
+    original = disk.executor.run_round
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        seen.append(out.states)
+        return out
+
+    disk.executor.run_round = spy  # type: ignore[method-assign]
+    for _ in range(3):
+        disk.step()
+        mem.step()
+    assert all(isinstance(s, StagedStates) for s in seen) and not list((tmp_path / "s").glob(".client-*.staged"))
+    C.assert_same(dict(mem.client_states), dict(disk.client_states), rtol=0.0, atol=0.0)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "s").glob("client-*.pt")}
+    disk.min_replies = CLIENTS  # the next round has too few replies: it is not applied
+    with pytest.raises(ClientFailure, match="fewer than min_replies"):
+        disk.step()
+    assert {p.name: p.read_bytes() for p in (tmp_path / "s").glob("client-*.pt")} == before
+    assert len(list((tmp_path / "s").glob(".client-*.staged"))) == 3  # staged, never applied
+    C.assert_same(dict(mem.client_states), dict(disk.client_states), rtol=0.0, atol=0.0)

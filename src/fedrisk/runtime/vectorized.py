@@ -117,7 +117,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,6 +130,7 @@ from fedrisk.aggregators.base import InMemoryReplies, Replies
 from fedrisk.algorithms.base import Algorithm, LocalData, RoundContext, RoundPlan
 from fedrisk.errors import FedriskError, check_range
 from fedrisk.rng import client_generator
+from fedrisk.runtime.client_store import DiskClientStates
 from fedrisk.runtime.executor import ClientFailure, Executor, RoundOutput, _provably_finite, check_reply
 from fedrisk.tree import Tree, tensor_leaves, tree_all_finite, tree_map, tree_nbytes, tree_stack
 
@@ -465,7 +466,8 @@ class VectorizedExecutor(Executor):
         check_vectorizable(algorithm)
         store = self._store_of(data)
         size = self.block_size_for(plan, states, data)
-        chunks = _RoundChunks(plan.clients)
+        disk = states if isinstance(states, DiskClientStates) else None
+        chunks = _RoundChunks(plan.clients, stage=disk.stage if disk is not None else None)
         failed: dict[int, str] = {}
         clients = plan.clients
         for start in range(0, len(clients), size):
@@ -481,7 +483,7 @@ class VectorizedExecutor(Executor):
             metrics.update(zip(c.clients, c.metrics))
         return RoundOutput(
             chunks.replies(),
-            {k: new_states[k] for k in done},
+            disk.staged(done) if disk is not None else {k: new_states[k] for k in done},
             {k: metrics[k] for k in done},
             {k: failed[k] for k in sorted(failed)},
         )
@@ -867,6 +869,10 @@ class _RoundChunks(list[_Chunk]):
     is assembled by :func:`_assemble_replies` exactly as before (with the buffered chunks as
     views of the buffer's rows).
 
+    With client states on disk (``stage``), each chunk's new states are staged as files as it
+    arrives (:meth:`~fedrisk.runtime.client_store.DiskClientStates.stage`), so that the round
+    does not hold every participant's new state either.
+
     Example:
         >>> rc = _RoundChunks([4, 1, 7])
         >>> rc.append(_Chunk([1, 4], None, {"d": torch.tensor([[1.0], [2.0]])}, [{}, {}], [{}, {}]))
@@ -876,8 +882,9 @@ class _RoundChunks(list[_Chunk]):
         ([1, 4, 7], [1.0, 2.0, 3.0], [None, None])
     """
 
-    def __init__(self, clients: Sequence[int]) -> None:
+    def __init__(self, clients: Sequence[int], stage: Callable[[int, Tree], None] | None = None) -> None:
         super().__init__()
+        self.stage = stage  # client states on disk: each chunk's new states are staged there at once
         self.row = {int(k): i for i, k in enumerate(sorted(int(k) for k in clients))}
         self.buffered: list[bool] = []  # per chunk: its replies are in the buffer
         self.spec: Any = None
@@ -893,6 +900,10 @@ class _RoundChunks(list[_Chunk]):
 
     def append(self, chunk: _Chunk) -> None:
         super().append(chunk)
+        if self.stage is not None:  # the new states go to disk as the block finishes, not at the round's end
+            for k, state in zip(chunk.clients, chunk.states):
+                self.stage(k, state)
+            chunk.states = [{} for _ in chunk.clients]
         if chunk.stacked is None or not chunk.clients or self.whole is not None:
             self.buffered.append(False)
             return
