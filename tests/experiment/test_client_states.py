@@ -6,11 +6,13 @@ memory."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from fedrisk.errors import FedriskError
 from fedrisk.experiment import resolve_config, run_experiment
-from fedrisk.experiment.checkpoint import previous_path, read_checkpoint, read_manifest
+from fedrisk.experiment.checkpoint import CheckpointWarning, previous_path, read_checkpoint, read_manifest
 from fedrisk.experiment.runner import RunInterrupted
 from fedrisk.runtime.client_store import is_snapshot_ref
 
@@ -51,3 +53,67 @@ def test_client_states_key_is_checked(tiny):
 
     with pytest.raises(FedriskError, match=r'client_states = "disk" works with the sequential and vectorized'):
         build_simulation(resolve_config(tiny))
+
+
+def _damage(path, how: str) -> None:
+    if how == "missing":
+        path.unlink()
+    elif how == "truncated":
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    else:  # one bit flipped in place
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+
+
+def _fresh_file(out):
+    """A state file of the newest checkpoint's snapshot that the previous one does not share
+    (written in the last round before the checkpoint: hard links make unchanged files one file)."""
+    ckpt = out / "checkpoint.pt"
+    new = read_checkpoint(ckpt)["simulation"]["client_states"]
+    old = read_checkpoint(previous_path(ckpt))["simulation"]["client_states"]
+    k = next(k for k, d in sorted(new["sha256"].items()) if old["sha256"].get(k) != d)
+    return out / "client_states" / "snapshots" / new["snapshot"] / f"client-{k}.pt", old["snapshot"]
+
+
+@pytest.mark.parametrize("how", ["missing", "truncated", "bit-flipped"])
+def test_damaged_snapshot_falls_back_to_the_previous_checkpoint(tiny, tmp_path, monkeypatch, how):
+    memory = run_experiment(resolve_config(_scaffold(tiny, "memory")), tmp_path / "memory", progress="none")
+    cfg = resolve_config(_scaffold(tiny, "disk"))
+    out = tmp_path / "disk"
+    with monkeypatch.context() as m:
+        interrupt_at(m, 3)
+        with pytest.raises(RunInterrupted):
+            run_experiment(cfg, out, progress="none")
+    damaged, previous = _fresh_file(out)
+    _damage(damaged, how)
+    with (
+        monkeypatch.context() as m,
+        pytest.warns(CheckpointWarning, match=rf"{damaged.name}\) is (missing|corrupted).*resuming from the previous"),
+    ):
+        interrupt_at(m, 3)  # the resumed run redoes round 3
+        with pytest.raises(RunInterrupted):
+            run_experiment(cfg, out, resume=True, progress="none")
+    # the unusable round-3 checkpoint was replaced by round 2's: the next checkpoint keeps that one
+    ckpt = out / "checkpoint.pt"
+    assert [read_manifest(p)["round"] for p in (ckpt, previous_path(ckpt))] == [3, 2]
+    assert read_manifest(previous_path(ckpt))["states_snapshot"] == previous
+    resumed = run_experiment(cfg, out, resume=True, progress="none")
+    assert resumed.summary["rounds"] == 5
+    assert without_time(records(out)) == without_time(records(memory.path))  # bit for bit
+
+
+def test_unusable_snapshots_everywhere_name_both(tiny, tmp_path, monkeypatch):
+    cfg = resolve_config(_scaffold(tiny, "disk"))
+    out = tmp_path / "disk"
+    with monkeypatch.context() as m:
+        interrupt_at(m, 3)
+        with pytest.raises(RunInterrupted):
+            run_experiment(cfg, out, progress="none")
+    damaged, previous = _fresh_file(out)
+    damaged.unlink()
+    shutil.rmtree(out / "client_states" / "snapshots" / previous)
+    both = r"no usable checkpoint: .*client-\d+\.pt\) is missing; .*snapshots/snap-\w+ are missing"
+    with pytest.raises(FedriskError, match=both):
+        run_experiment(cfg, out, resume=True, progress="none")

@@ -108,6 +108,15 @@ def test_sigkill_with_client_states_on_disk_then_resume_is_exact(tiny, tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("seed", range(2))
+def test_sigkill_with_staged_client_states_vectorized(tiny, tmp_path, seed):
+    """The vectorised executor stages a round's new states as files before the round is
+    applied: a kill leaves staged files behind, which the resume must ignore."""
+    tiny["run"]["executor"] = "vectorized"
+    _kill_and_resume(tiny, tmp_path, seed=20 + seed, kills=4, client_states="disk")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3))
 def test_sigkill_with_client_states_on_disk_full(tiny, tmp_path, seed):
     _kill_and_resume(tiny, tmp_path, seed=10 + seed, kills=5, client_states="disk")

@@ -18,7 +18,7 @@ import torch
 from fedrisk.algorithms.scaffold import Scaffold
 from fedrisk.errors import FedriskError
 from fedrisk.objectives.supervised import cross_entropy
-from fedrisk.runtime.client_store import DiskClientStates
+from fedrisk.runtime.client_store import DiskClientStates, snapshot_problem
 from fedrisk.runtime.simulation import Simulation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -125,3 +125,60 @@ def test_store_refuses_unsafe_files_and_bad_ids(tmp_path: Path) -> None:
     assert not (tmp_path / "ran").exists()
     with pytest.raises(KeyError):
         store[2]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"snapshot": "../../elsewhere"}, r"names its client states '\.\./\.\./elsewhere', which is not a snapshot"),
+        ({"snapshot": None}, r"names its client states 'None', which is not a snapshot name"),
+        ({"sha256": [1, 2]}, r"reference to its client states in .* is malformed"),
+        ({"sha256": {"x": "00"}}, r"reference to its client states in .* is malformed"),
+    ],
+)
+def test_malformed_snapshot_reference_is_a_clear_error(tmp_path: Path, change: dict, message: str) -> None:
+    """A checkpoint read safely can still hold any plain data: a bad reference is named, and
+    its snapshot name can never point outside the store's snapshots folder."""
+    store = DiskClientStates(tmp_path, 2, initial=lambda k: {"c": torch.zeros(1)})
+    store[1] = {"c": torch.ones(1)}
+    ref = {**store.snapshot(), **change}
+    assert snapshot_problem(tmp_path, ref) is not None
+    with pytest.raises(FedriskError, match=message):
+        store.restore(ref)
+
+
+def test_vectorized_rounds_stage_new_states_on_disk(tmp_path: Path) -> None:
+    """With client states on disk, the vectorised executor writes each block's new states to
+    staged files as the block finishes (the round's output holds no state in memory); applying
+    the round renames them into place, and a round that is not applied changes nothing."""
+    from fedrisk.runtime.client_store import StagedStates
+    from fedrisk.runtime.executor import ClientFailure
+    from fedrisk.runtime.vectorized import VectorizedExecutor
+
+    disk = _sim("sequential", tmp_path / "s")
+    disk.executor = VectorizedExecutor(block_size=2)
+    disk.executor.prepare(disk.algorithm, disk.data)
+    mem = _sim("vectorized", None)
+    mem.executor = VectorizedExecutor(block_size=2)
+    mem.executor.prepare(mem.algorithm, mem.data)
+    seen = []
+    original = disk.executor.run_round
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        seen.append(out.states)
+        return out
+
+    disk.executor.run_round = spy  # type: ignore[method-assign]
+    for _ in range(3):
+        disk.step()
+        mem.step()
+    assert all(isinstance(s, StagedStates) for s in seen) and not list((tmp_path / "s").glob(".client-*.staged"))
+    C.assert_same(dict(mem.client_states), dict(disk.client_states), rtol=0.0, atol=0.0)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "s").glob("client-*.pt")}
+    disk.min_replies = CLIENTS  # the next round has too few replies: it is not applied
+    with pytest.raises(ClientFailure, match="fewer than min_replies"):
+        disk.step()
+    assert {p.name: p.read_bytes() for p in (tmp_path / "s").glob("client-*.pt")} == before
+    assert len(list((tmp_path / "s").glob(".client-*.staged"))) == 3  # staged, never applied
+    C.assert_same(dict(mem.client_states), dict(disk.client_states), rtol=0.0, atol=0.0)

@@ -53,6 +53,7 @@ import random
 import shutil
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,26 @@ def _keep_previous(path: Path) -> None:
         except OSError:  # no hard links here: copy
             shutil.copyfile(path, tmp)
         os.replace(tmp, prev)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def replace_with_previous(path: str | Path) -> None:
+    """Make ``path`` the previous checkpoint ``<path>.prev`` again (atomically; a hard link, or a
+    copy).  For a newest file that is whole but unusable (its client-state snapshot is damaged):
+    afterwards the next :func:`write_checkpoint` keeps the good previous file, not the unusable one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    os.unlink(tmp)
+    try:
+        try:
+            os.link(previous_path(path), tmp)
+        except OSError:  # no hard links here: copy
+            shutil.copyfile(previous_path(path), tmp)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -308,13 +329,28 @@ def read_checkpoint(path: str | Path) -> Any:
         return safe_unpickle(path, _Window(fh, offset))
 
 
-def load_newest(path: str | Path) -> tuple[Any, Path]:
+def load_newest(path: str | Path, check: Callable[[Any], str | None] | None = None) -> tuple[Any, Path]:
     """``(payload, file used)``: ``path`` if it is good, else ``<path>.prev`` with a
     :class:`CheckpointWarning` naming what was wrong with ``path``.
+
+    ``check(payload)`` may name what else a checkpoint needs and lacks (None when all is there;
+    for instance damaged client-state files on disk that the payload refers to): a file whose
+    payload fails it counts as bad like a damaged file.
 
     A refused (unsafe) file is never skipped silently: the error is raised even when an older
     file exists, since someone replaced the checkpoint.  When no file is good, the
     :class:`CheckpointError` names every file tried and why it failed.
+
+    Example:
+        >>> import tempfile, warnings
+        >>> path = Path(tempfile.mkdtemp()) / "checkpoint.pt"
+        >>> write_checkpoint(path, {"round": 1}, round=1)
+        >>> write_checkpoint(path, {"round": 2}, round=2)
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     state, used = load_newest(path, check=lambda p: "lost its states" if p["round"] == 2 else None)
+        >>> state["round"], used.name, str(caught[0].message).split(";")[0]
+        (1, 'checkpoint.pt.prev', 'lost its states')
     """
     path = Path(path)
     reasons = []
@@ -328,6 +364,10 @@ def load_newest(path: str | Path) -> tuple[Any, Path]:
             raise
         except CheckpointError as exc:
             reasons.append(str(exc))
+            continue
+        problem = check(payload) if check is not None else None
+        if problem is not None:
+            reasons.append(problem)
             continue
         if candidate != path:
             warnings.warn(

@@ -60,7 +60,9 @@ from fedrisk.experiment.checkpoint import (
     pack_global_rng,
     previous_path,
     read_manifest,
+    replace_with_previous,
     unpack_global_rng,
+    verify,
     write_checkpoint,
 )
 from fedrisk.experiment.config import (
@@ -86,7 +88,7 @@ from fedrisk.experiment.outputs import (
 )
 from fedrisk.experiment.progress import Progress
 from fedrisk.experiment.tracking import open_tracking
-from fedrisk.runtime.client_store import DiskClientStates
+from fedrisk.runtime.client_store import DiskClientStates, is_snapshot_ref, snapshot_problem
 from fedrisk.runtime.evaluation import LOWER_IS_BETTER
 from fedrisk.runtime.executor import Executor
 from fedrisk.runtime.simulation import RoundReport, Simulation, make_executor
@@ -545,11 +547,28 @@ def save_checkpoint(path: Path, sim: Simulation, config: Mapping[str, Any], hist
         sim.client_states.prune(name for name in keep if name)
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+def load_checkpoint(path: Path, states_folder: Path | None = None) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint` (checked and loaded without running
     code; a bad newest file falls back to the previous one with a warning, see
-    :mod:`fedrisk.experiment.checkpoint`)."""
-    ckpt, path = load_newest(path)
+    :mod:`fedrisk.experiment.checkpoint`).
+
+    With client states on disk (in ``states_folder``), a checkpoint is good only if every file of
+    its snapshot is there with its recorded SHA-256: when the newest one's snapshot is damaged,
+    the previous checkpoint and its snapshot are used with a warning, and the newest file is
+    replaced by the previous one (so that the next checkpoint keeps a usable previous one)."""
+
+    newest = path
+
+    def snapshot_ok(ckpt: Any) -> str | None:
+        states = ckpt.get("simulation", {}).get("client_states") if isinstance(ckpt, dict) else None
+        if states_folder is None or not is_snapshot_ref(states):
+            return None
+        problem = snapshot_problem(states_folder, states)
+        return None if problem is None else f"{newest}: {problem}"
+
+    ckpt, path = load_newest(newest, check=snapshot_ok)
+    if path != newest and newest.is_file() and verify(newest) is None:  # whole file, unusable snapshot
+        replace_with_previous(newest)
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise FedriskError(f"{path} is not a fedrisk checkpoint (format {CHECKPOINT_FORMAT})")
     return ckpt
@@ -659,7 +678,7 @@ def _prepare_dir(rd: RunDir, cfg: ExperimentConfig, *, resume: bool, overwrite: 
         if overwrite:
             rd.clear()
         return None
-    ckpt = load_checkpoint(rd.checkpoint)
+    ckpt = load_checkpoint(rd.checkpoint, rd.client_states)
     # a checkpoint holds every client's state whatever wrote it: it resumes under any executor
     diffs = [d for d in diff_configs(ckpt["config"], cfg.semantic()) if d[0] not in RESUMABLE_ACROSS]
     if diffs:

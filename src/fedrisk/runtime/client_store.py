@@ -19,6 +19,11 @@ Example:
     >>> store.files_written
     1
 
+A round's new states can be staged (:meth:`DiskClientStates.stage`, what the vectorised
+executor does block by block): staged files are not yet states; ``store.update(store.staged(ks))``
+renames them into place when the round is applied, and a round that is not applied leaves the
+states as they were (its staged files are overwritten or removed later).
+
 Checkpoints (:meth:`DiskClientStates.snapshot` / :meth:`DiskClientStates.restore`) never load
 the states: a snapshot is a folder ``snapshots/<name>/`` of hard links to the current files (a
 copy where the file system has no hard links), and its reference, which goes into the checkpoint,
@@ -40,10 +45,11 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -88,9 +94,11 @@ class DiskClientStates(MutableMapping[int, Tree]):
         return k
 
     def _clear(self) -> None:
-        for p in [*self.folder.glob("client-*.pt"), *self.folder.glob(".client-*.tmp")]:
-            p.unlink()
+        for pattern in ("client-*.pt", ".client-*.tmp", ".client-*.staged"):
+            for p in self.folder.glob(pattern):
+                p.unlink()
         self.digests = {}
+        self._staged: dict[int, str] = {}
 
     def __getitem__(self, k: int) -> Tree:
         k = self._check(k)
@@ -107,6 +115,12 @@ class DiskClientStates(MutableMapping[int, Tree]):
 
     def __setitem__(self, k: int, state: Tree) -> None:
         k = self._check(k)
+        self.digests[k] = self._write(k, state, self.path(k))  # a new file: snapshots keep linking the old one
+        self._staged.pop(k, None)
+        self.files_written += 1
+
+    def _write(self, k: int, state: Tree, target: Path) -> str:
+        """Write ``state`` to ``target`` atomically (temporary file + rename); its SHA-256."""
         buf = io.BytesIO()
         torch.save(state, buf)
         data = buf.getvalue()
@@ -114,13 +128,38 @@ class DiskClientStates(MutableMapping[int, Tree]):
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
-            os.replace(tmp, self.path(k))  # a new file: snapshots keep linking the old one
+            os.replace(tmp, target)
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
-        self.digests[k] = hashlib.sha256(data).hexdigest()
-        self.files_written += 1
+        return hashlib.sha256(data).hexdigest()
+
+    # -- a round's new states, staged until the round is applied -----------------------------
+    def staged_path(self, k: int) -> Path:
+        return self.folder / f".client-{int(k)}.staged"
+
+    def stage(self, k: int, state: Tree) -> None:
+        """Write client ``k``'s new state to a staged file, which is not yet its state: an
+        executor stages each block's new states as the block finishes, so that a round never
+        holds every participant's new state in memory; :meth:`update` with :meth:`staged`
+        applies them (renames), and a round that is not applied leaves the states as they were."""
+        k = self._check(k)
+        self._staged[k] = self._write(k, state, self.staged_path(k))
+
+    def staged(self, clients: Iterable[int]) -> StagedStates:
+        """The staged new states of ``clients`` as a mapping (read from disk on access) that
+        :meth:`update` applies by renaming the files."""
+        return StagedStates(self, [int(k) for k in clients])
+
+    def update(self, other: Any = (), /, **kwargs: Any) -> None:
+        if isinstance(other, StagedStates) and other.store is self and not kwargs:
+            for k in other.clients:
+                os.replace(self.staged_path(k), self.path(k))  # a new file: snapshots keep the old one
+                self.digests[k] = self._staged.pop(k)
+                self.files_written += 1
+            return
+        super().update(other, **kwargs)
 
     def __delitem__(self, k: int) -> None:
         raise TypeError("client states cannot be deleted")
@@ -151,18 +190,13 @@ class DiskClientStates(MutableMapping[int, Tree]):
 
     def restore(self, ref: dict[str, Any]) -> None:
         """Make the state files those of the snapshot ``ref`` (every digest checked first)."""
+        problem = snapshot_problem(self.folder, ref)
+        if problem is not None:
+            raise FedriskError(problem)
+        for k in ref["sha256"]:
+            self._check(int(k))
         snap = self.folder / SNAPSHOTS / str(ref["snapshot"])
         digests = {int(k): str(v) for k, v in ref["sha256"].items()}
-        if not snap.is_dir():
-            raise FedriskError(
-                f"the checkpoint's client states {snap} are missing; they live in the run directory's "
-                f"{self.folder.name}/{SNAPSHOTS} folder (resume in the run directory that wrote the checkpoint)"
-            )
-        for k, digest in digests.items():
-            p = snap / self.path(self._check(k)).name
-            if not p.is_file() or _sha256_file(p) != digest:
-                problem = "missing" if not p.is_file() else "corrupted (its SHA-256 differs from the checkpoint's)"
-                raise FedriskError(f"the checkpoint's state of client {k} ({p}) is {problem}")
         self._clear()
         for k in digests:
             _link_or_copy(snap / self.path(k).name, self.path(k))
@@ -182,6 +216,71 @@ class DiskClientStates(MutableMapping[int, Tree]):
         for p in root.iterdir():
             if p.is_dir() and p.name not in keep:
                 shutil.rmtree(p, ignore_errors=True)
+
+
+class StagedStates(Mapping[int, Tree]):
+    """A round's new client states staged on disk by :meth:`DiskClientStates.stage` (read on
+    access, digest checked); ``store.update(staged)`` applies them."""
+
+    def __init__(self, store: DiskClientStates, clients: list[int]) -> None:
+        missing = [k for k in clients if k not in store._staged]
+        if missing:
+            raise KeyError(f"clients {missing} have no staged state")
+        self.store, self.clients = store, clients
+
+    def __getitem__(self, k: int) -> Tree:
+        if k not in self.clients:
+            raise KeyError(k)
+        p = self.store.staged_path(k)
+        data = p.read_bytes()
+        if hashlib.sha256(data).hexdigest() != self.store._staged[k]:
+            raise FedriskError(f"the staged new state of client {k} ({p}) changed on disk")
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.clients)
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+
+def snapshot_problem(folder: str | Path, ref: dict[str, Any]) -> str | None:
+    """None when every file of the snapshot ``ref`` in the store ``folder`` is there with the
+    SHA-256 digest the checkpoint recorded, else what is wrong (the first missing, truncated or
+    altered file, by client and path).  Reads each file once, block by block; loads nothing.
+
+    Example:
+        >>> import tempfile, torch
+        >>> store = DiskClientStates(tempfile.mkdtemp(), 2, initial=lambda k: {"c": torch.zeros(1)})
+        >>> store[1] = {"c": torch.ones(1)}
+        >>> ref = store.snapshot()
+        >>> snapshot_problem(store.folder, ref) is None
+        True
+        >>> (store.folder / SNAPSHOTS / ref["snapshot"] / "client-1.pt").unlink()
+        >>> snapshot_problem(store.folder, ref).endswith("client-1.pt) is missing")
+        True
+    """
+    folder = Path(folder)
+    name = str(ref.get("snapshot"))
+    if not re.fullmatch(r"snap-[0-9a-f]{1,64}", name):  # a name from a file: never a path elsewhere
+        return f"the checkpoint names its client states {name!r}, which is not a snapshot name (snap-<hex>)"
+    snap = folder / SNAPSHOTS / name
+    if not snap.is_dir():
+        return (
+            f"the checkpoint's client states {snap} are missing; they live in the run directory's "
+            f"{folder.name}/{SNAPSHOTS} folder (resume in the run directory that wrote the checkpoint)"
+        )
+    try:
+        digests = sorted((int(k), str(v)) for k, v in ref["sha256"].items())
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return f"the checkpoint's reference to its client states in {snap} is malformed (no client -> SHA-256 table)"
+    for k, digest in digests:
+        p = snap / f"client-{k}.pt"
+        if not p.is_file():
+            return f"the checkpoint's state of client {k} ({p}) is missing"
+        if _sha256_file(p) != digest:
+            return f"the checkpoint's state of client {k} ({p}) is corrupted (its SHA-256 differs from the manifest's)"
+    return None
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

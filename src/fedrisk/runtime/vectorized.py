@@ -28,10 +28,10 @@ per client.  One round, for each block of the round's (sorted) clients:
    :func:`fedrisk.algorithms.local.fast_paths` switches it off).
 4. ``replies`` stay stacked: :class:`StackedReplies` implements ``sum`` / ``mean`` as one
    weighted reduction over the client dimension and ``gather`` / ``stacked`` / ``as_dict`` by
-   indexing.  With several blocks each block's replies are copied into one preallocated
-   ``[M, ...]`` tensor per leaf as the block ends (no concatenation at the end of the round).
-   New client states are split per client (copied, so that a client's state never pins a
-   whole block's tensor in memory); metrics are split per client.
+   indexing.  Each block's stacked replies are moved into one ``[M, ...]`` round buffer as soon
+   as the block is checked (``_RoundChunks``), so a round's replies are held once.  New client
+   states are split per client (copied, so that a client's state never
+   pins a whole block's tensor in memory); metrics are split per client.
 5. ``checks``: one ``isfinite`` reduction per reply leaf over the block gives the clients whose
    reply is NaN/inf; they are handled by ``on_failure`` exactly like the sequential executor
    (``"raise"``: :class:`~fedrisk.runtime.executor.ClientFailure` naming the client;
@@ -121,7 +121,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,6 +134,7 @@ from fedrisk.aggregators.base import InMemoryReplies, Replies
 from fedrisk.algorithms.base import Algorithm, LocalData, RoundContext, RoundPlan
 from fedrisk.errors import FedriskError, check_range
 from fedrisk.rng import client_generator
+from fedrisk.runtime.client_store import DiskClientStates
 from fedrisk.runtime.executor import ClientFailure, Executor, RoundOutput, _provably_finite, check_reply
 from fedrisk.tree import Tree, tensor_leaves, tree_all_finite, tree_map, tree_nbytes, tree_stack
 
@@ -469,16 +470,13 @@ class VectorizedExecutor(Executor):
         check_vectorizable(algorithm)
         store = self._store_of(data)
         size = self.block_size_for(plan, states, data)
-        chunks: list[_Chunk] = []
+        disk = states if isinstance(states, DiskClientStates) else None
+        chunks = _RoundChunks(plan.clients, stage=disk.stage if disk is not None else None)
         failed: dict[int, str] = {}
         clients = plan.clients
-        reply_stack = _ReplyStack(len(clients))
         for start in range(0, len(clients), size):
             block = clients[start : start + size]
-            done_before = len(chunks)
             self._run_block(algorithm, ctx, plan, states, data, store, seed, on_failure, block, chunks, failed)
-            for chunk in chunks[done_before:]:
-                reply_stack.place(chunk)
         done = sorted(k for c in chunks for k in c.clients)
         if not done:
             raise ClientFailure(f"every client failed in round {ctx.round}: {failed}")
@@ -488,8 +486,8 @@ class VectorizedExecutor(Executor):
             new_states.update(zip(c.clients, c.states))
             metrics.update(zip(c.clients, c.metrics))
         return RoundOutput(
-            reply_stack.replies(chunks) or _assemble_replies(chunks),
-            {k: new_states[k] for k in done},
+            chunks.replies(),
+            disk.staged(done) if disk is not None else {k: new_states[k] for k in done},
             {k: metrics[k] for k in done},
             {k: failed[k] for k in sorted(failed)},
         )
@@ -884,80 +882,105 @@ def _select(chunk: _Chunk, keep: list[int]) -> _Chunk:
     )
 
 
-class _ReplyStack:
-    """The round's stacked replies written block by block into one preallocated ``[M, ...]``
-    tensor per leaf (``M``: the round's clients), so that a round never holds every block's
-    replies *and* their concatenation (for 10,000 MLP 784-64-10 clients, 2 GB less at the peak).
+class _RoundChunks(list[_Chunk]):
+    """The chunks of one round (a list), in the order ``_run_block`` appends them, with their stacked
+    replies moved into one ``[M, ...]`` buffer per reply leaf (``M`` = the round's clients, row
+    ``i`` = the ``i``-th smallest client id) as each chunk arrives.
 
-    :meth:`place` copies a (checked) chunk's stacked replies into the next rows and makes the
-    chunk hold views of them; :meth:`replies` returns the filled rows as one
-    :class:`StackedReplies` when every chunk was placed in client order, else None (then
-    :func:`_assemble_replies` concatenates, as for chunks that were never placed: a sequential
-    fallback, or replies whose structure or shapes differ between blocks).
+    A block's stacked replies are therefore freed as soon as the block is checked, and the
+    round's replies are never held twice: :func:`_assemble_replies` concatenated every block's
+    stacked replies at the end of the round, so that the blocks and their concatenation (2x the
+    round's replies) were alive at once.  The buffer holds the same values in the same order as
+    that concatenation, so every reduction over it gives the same bits.  When every client
+    replied it is used as is; otherwise the replying clients' rows are selected (one copy, like
+    the concatenation).  Chunks that do not fit the buffer (replies not stacked, or of another
+    structure, shape, dtype or device than the first chunk's) keep their replies, and the round
+    is assembled by :func:`_assemble_replies` exactly as before (with the buffered chunks as
+    views of the buffer's rows).
+
+    With client states on disk (``stage``), each chunk's new states are staged as files as it
+    arrives (:meth:`~fedrisk.runtime.client_store.DiskClientStates.stage`), so that the round
+    does not hold every participant's new state either.
+
+    Example:
+        >>> rc = _RoundChunks([4, 1, 7])
+        >>> rc.append(_Chunk([1, 4], None, {"d": torch.tensor([[1.0], [2.0]])}, [{}, {}], [{}, {}]))
+        >>> rc.append(_Chunk([7], None, {"d": torch.tensor([[3.0]])}, [{}], [{}]))
+        >>> r = rc.replies()
+        >>> r.clients, r.stacked("d").flatten().tolist(), [c.stacked for c in rc]
+        ([1, 4, 7], [1.0, 2.0, 3.0], [None, None])
     """
 
-    def __init__(self, rows: int) -> None:
-        self.rows = rows
+    def __init__(self, clients: Sequence[int], stage: Callable[[int, Tree], None] | None = None) -> None:
+        super().__init__()
+        self.stage = stage  # client states on disk: each chunk's new states are staged there at once
+        self.row = {int(k): i for i, k in enumerate(sorted(int(k) for k in clients))}
+        self.buffered: list[bool] = []  # per chunk: its replies are in the buffer
         self.spec: Any = None
-        self.buffers: list[Tensor] | None = None
-        self.filled = 0
-        self.placed: list[_Chunk] = []
-        self.pending: _Chunk | None = None
-        self.broken = False
+        self.buffer: list[Tensor] | None = None
+        self.whole: _Chunk | None = None  # a first chunk of every client: kept as it is
 
-    def place(self, chunk: _Chunk) -> None:
-        if self.broken or not chunk.clients:
-            return
-        if chunk.stacked is None:
-            self.broken = True
-            return
-        if not self.placed and self.pending is None:  # a round of one block needs no copy
-            self.pending = chunk
-            return
-        if self.pending is not None:
-            first, self.pending = self.pending, None
-            self._copy(first)
-            if self.broken:
-                return
-        self._copy(chunk)
+    def _fits(self, leaves: list[Any], spec: Any) -> bool:
+        assert self.buffer is not None
+        return spec == self.spec and all(
+            isinstance(x, Tensor) and x.shape[1:] == b.shape[1:] and x.dtype == b.dtype and x.device == b.device
+            for x, b in zip(leaves, self.buffer)
+        )
 
-    def _copy(self, chunk: _Chunk) -> None:
-        assert chunk.stacked is not None
+    def append(self, chunk: _Chunk) -> None:
+        super().append(chunk)
+        if self.stage is not None:  # the new states go to disk as the block finishes, not at the round's end
+            for k, state in zip(chunk.clients, chunk.states):
+                self.stage(k, state)
+            chunk.states = [{} for _ in chunk.clients]
+        if chunk.stacked is None or not chunk.clients or self.whole is not None:
+            self.buffered.append(False)
+            return
         leaves, spec = pytree.tree_flatten(chunk.stacked)
-        c = len(chunk.clients)
-        if self.buffers is None:
-            if not all(isinstance(x, Tensor) and x.dim() > 0 for x in leaves):
-                self.broken = True
+        if self.buffer is None and not any(self.buffered):
+            if not leaves or not all(isinstance(x, Tensor) for x in leaves):  # e.g. replies {}: nothing to hold
+                self.buffered.append(False)
+                return
+            if len(chunk.clients) == len(self.row) and not any(c.clients for c in self[:-1]):
+                self.whole = chunk  # the whole round in one chunk: nothing to move
+                self.buffered.append(False)
                 return
             self.spec = spec
-            self.buffers = [torch.empty((self.rows, *x.shape[1:]), dtype=x.dtype, device=x.device) for x in leaves]
-        fits = spec == self.spec and self.filled + c <= self.rows and len(leaves) == len(self.buffers)
-        if not fits or any(
-            not isinstance(x, Tensor) or x.shape[1:] != b.shape[1:] or x.dtype != b.dtype or x.device != b.device
-            for x, b in zip(leaves, self.buffers)
-        ):
-            self.broken = True
+            self.buffer = [torch.empty((len(self.row), *x.shape[1:]), dtype=x.dtype, device=x.device) for x in leaves]
+        if not self._fits(leaves, spec):
+            self.buffered.append(False)
             return
-        views = []
-        for x, buf in zip(leaves, self.buffers):
-            view = buf[self.filled : self.filled + c]
-            view.copy_(x)
-            views.append(view)
-        chunk.stacked = pytree.tree_unflatten(views, spec)
-        self.filled += c
-        self.placed.append(chunk)
+        assert self.buffer is not None
+        rows = [self.row[k] for k in chunk.clients]
+        contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
+        index = None if contiguous else torch.tensor(rows, dtype=torch.long, device=self.buffer[0].device)
+        for x, b in zip(leaves, self.buffer):
+            if index is None:
+                b[rows[0] : rows[0] + len(rows)].copy_(x)
+            else:
+                b.index_copy_(0, index, x)
+        chunk.stacked = None  # its block's tensors are freed
+        self.buffered.append(True)
 
-    def replies(self, chunks: Sequence[_Chunk]) -> StackedReplies | None:
-        nonempty = [c for c in chunks if c.clients]
-        if self.broken or self.pending is not None or self.buffers is None or len(nonempty) != len(self.placed):
-            return None
-        if any(a is not b for a, b in zip(nonempty, self.placed)):
-            return None
-        clients = [k for c in nonempty for k in c.clients]
-        if clients != sorted(clients):
-            return None
-        rows = [buf[: self.filled] for buf in self.buffers]
-        return StackedReplies(clients, pytree.tree_unflatten(rows, self.spec))
+    def replies(self) -> Replies:
+        """The round's replies: those of :func:`_assemble_replies` over the same chunks."""
+        if self.buffer is None:
+            return _assemble_replies(self)
+        if all(inside or not c.clients for c, inside in zip(self, self.buffered)):
+            done = sorted(k for c in self for k in c.clients)
+            cols = self.buffer
+            if len(done) < len(self.row):  # failed clients: their rows are dropped
+                index = torch.tensor([self.row[k] for k in done], dtype=torch.long, device=cols[0].device)
+                cols = [x[index] for x in cols]
+            return StackedReplies(done, pytree.tree_unflatten(cols, self.spec))
+        views = []  # a mixed round: assemble as before, buffered chunks as views of their rows
+        for c, inside in zip(self, self.buffered):
+            if inside:
+                index = torch.tensor([self.row[k] for k in c.clients], dtype=torch.long)
+                stacked = pytree.tree_unflatten([x[index.to(x.device)] for x in self.buffer], self.spec)
+                c = _Chunk(c.clients, None, stacked, c.states, c.metrics)
+            views.append(c)
+        return _assemble_replies(views)
 
 
 def _assemble_replies(chunks: Sequence[_Chunk]) -> Replies:
