@@ -121,7 +121,6 @@ def build(args: argparse.Namespace) -> dict[str, Simulation]:
     return {name: Simulation(alg, fed, seed=0) for name, alg in algorithms.items()}
 
 
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window", type=int, default=32, help="local steps per round (I = FedAvg's local_steps)")

@@ -67,7 +67,6 @@ def build(args: argparse.Namespace) -> dict[str, Simulation]:
     return sims
 
 
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--local-steps", type=int, default=32, help="K")

@@ -86,8 +86,9 @@ def wgan(root: Path, png: Path) -> None:
             xs, mean, std = series(runs, "generator_error", halve)
             ax.plot(xs, mean, label=alg)
             # mean ± sample std over seeds; the lower edge clipped to the axis where mean − std ≤ 0
-            ax.fill_between(xs, [max(m - s, 1e-19) for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                            alpha=0.2)
+            ax.fill_between(
+                xs, [max(m - s, 1e-19) for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2
+            )
 
             def at(t: int, runs=runs, halve=halve) -> str:
                 want = 2 * t if halve else t
@@ -137,8 +138,9 @@ def ncsc(root: Path, png: Path) -> None:
     for label, runs in sorted(groups(root).items(), key=lambda kv: int(kv[0].split("=")[-1])):
         xs, mean, std = series(runs, "grad_phi_norm")
         ax.plot(xs, mean, label=label)
-        ax.fill_between(xs, [max(m - s, 1e-12) for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                        alpha=0.2)
+        ax.fill_between(
+            xs, [max(m - s, 1e-12) for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2
+        )
 
         def at(t: int, runs=runs) -> str:
             vals = [r["grad_phi_norm"] for run in runs for r in run.records if r["round"] == t]

@@ -63,8 +63,10 @@ def main() -> None:
             if any(not torch.equal(before[k], after[k]) for k in after):
                 where = "its owner" if host == args.trace else f"host {host}"
                 step = float(sim.server_state["alpha"][args.trace, host]) * alg.lr
-                print(f"  round {r}: model {args.trace} trained at {where} (step {step:.3f}): "
-                      f"accuracy {accuracy(before, args.trace):.3f} -> {accuracy(after, args.trace):.3f}")
+                print(
+                    f"  round {r}: model {args.trace} trained at {where} (step {step:.3f}): "
+                    f"accuracy {accuracy(before, args.trace):.3f} -> {accuracy(after, args.trace):.3f}"
+                )
         if r % args.every and r != args.rounds:
             continue
         state = sim.server_state
@@ -78,12 +80,16 @@ def main() -> None:
             w = alg.global_params(state)
             with torch.no_grad():
                 g = float((alg.model.apply(w, fed.test.x).argmax(-1) == fed.test.y).float().mean())
-            msg += (f"; weights: self {a.diag().mean():.3f}, non-zeros/row {(a > 0).sum(1).double().mean():.2f}, "
-                    f"mass on same-pair / one-shared / no-shared-class clients {mass[0]:.3f} / {mass[1]:.3f} / "
-                    f"{mass[2]:.3f}; global model test accuracy {g:.3f}")
+            msg += (
+                f"; weights: self {a.diag().mean():.3f}, non-zeros/row {(a > 0).sum(1).double().mean():.2f}, "
+                f"mass on same-pair / one-shared / no-shared-class clients {mass[0]:.3f} / {mass[1]:.3f} / "
+                f"{mass[2]:.3f}; global model test accuracy {g:.3f}"
+            )
         print(msg, flush=True)
-    print("worst clients (client, classes, accuracy):",
-          [(k, sorted(classes[k]), round(float(acc[k]), 3)) for k in acc.argsort()[:5].tolist()])
+    print(
+        "worst clients (client, classes, accuracy):",
+        [(k, sorted(classes[k]), round(float(acc[k]), 3)) for k in acc.argsort()[:5].tolist()],
+    )
 
 
 if __name__ == "__main__":

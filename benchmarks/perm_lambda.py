@@ -79,8 +79,10 @@ def main() -> None:
         raise SystemExit(f"no finished runs under {args.runs}/algorithm.lam=*/seed=*")
     ref = min(rows, key=lambda r: abs(math.log10(r["lam"]) - 1.0))  # lam = 10's global model
     grads, clusters, sizes = gradients_at(ref["run"], ref["w"])
-    print("| lam | self weight | non-zeros / row | same-cluster mass | max abs(alpha - n_j/n) "
-          "| personal accuracy | bottom-10% | personal log-loss |")
+    print(
+        "| lam | self weight | non-zeros / row | same-cluster mass | max abs(alpha - n_j/n) "
+        "| personal accuracy | bottom-10% | personal log-loss |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         s = weight_stats(r["alpha"], clusters, sizes)
@@ -101,8 +103,11 @@ def main() -> None:
     lams = torch.logspace(-3, 5, 49, dtype=torch.float64)
     curve = [weight_stats(mixing_weights(D, sizes, float(lam)), clusters, sizes) for lam in lams]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for key, label in (("self", "self weight alpha_i(i)"), ("same_cluster", "same-cluster mass"),
-                       ("to_samples", "max |alpha_i(j) - n_j/n|")):
+    for key, label in (
+        ("self", "self weight alpha_i(i)"),
+        ("same_cluster", "same-cluster mass"),
+        ("to_samples", "max |alpha_i(j) - n_j/n|"),
+    ):
         ax1.semilogx(lams, [c[key] for c in curve], label=label)
     ax1.axhline(1.0 / len(sizes), color="grey", lw=0.8, ls=":", label="n_j / n = 1/N")
     ax1.set_xlabel("lam")

@@ -59,8 +59,10 @@ def main() -> None:
     }
     chosen = args.rules or list(rules)
     load_before = os.getloadavg()
-    print(f"n = {args.n}, d = {args.d}, f = {f}, {args.dtype}, torch threads = {torch.get_num_threads()}, "
-          f"load average before = {load_before[0]:.2f}")
+    print(
+        f"n = {args.n}, d = {args.d}, f = {f}, {args.dtype}, torch threads = {torch.get_num_threads()}, "
+        f"load average before = {load_before[0]:.2f}"
+    )
     print("| rule | wall s (median) | wall s (min) | CPU s (median) | honest-normalised error |")
     print("|---|---:|---:|---:|---:|")
     for name in chosen:

@@ -56,8 +56,11 @@ def tune_rsa(runs: dict[tuple[str, str], list[list[dict]]]) -> None:
     print("| lambda_R | " + " | ".join(attacks) + " |")
     print("|---:|" + "---:|" * len(attacks))
     for m in grid:
-        print(f"| {m[4:]} | " + " | ".join(fmt([r[-1]["test_accuracy"] for r in runs.get((m, a), [])]) for a in attacks)
-              + " |")
+        print(
+            f"| {m[4:]} | "
+            + " | ".join(fmt([r[-1]["test_accuracy"] for r in runs.get((m, a), [])]) for a in attacks)
+            + " |"
+        )
     best = []
     for a in attacks:
         scored = [(statistics.mean(r[-1]["test_accuracy"] for r in runs[(m, a)]), m) for m in grid if (m, a) in runs]

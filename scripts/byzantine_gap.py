@@ -40,8 +40,17 @@ def build(name: str, attack: str, mu: float, seed: int, extra: dict, full_batch:
     raw = {
         "data": {"dataset": "digits", "partition": "class_groups", "num_clients": 20},
         "model": {"name": "logreg"},
-        "algorithm": {"name": name, "lam": LAM, "mu": mu, "delta": DELTA, "delta_server": DELTA0,
-                      "lipschitz": LIP, "batch_size": 10, "full_batch": full_batch, **extra},
+        "algorithm": {
+            "name": name,
+            "lam": LAM,
+            "mu": mu,
+            "delta": DELTA,
+            "delta_server": DELTA0,
+            "lipschitz": LIP,
+            "batch_size": 10,
+            "full_batch": full_batch,
+            **extra,
+        },
         "run": {"dtype": "float64", "executor": "vectorized", "seed": seed},
     }
     if attack != "none":
@@ -77,8 +86,15 @@ def f_star(objectives, shape, iters: int, grad_tol: float) -> tuple[float, float
     W = torch.zeros(shape, dtype=torch.float64)
     for F in objectives:
         W = W.detach().clone().requires_grad_(True)
-        opt = torch.optim.LBFGS([W], lr=1, max_iter=iters, tolerance_grad=grad_tol, tolerance_change=0,
-                                history_size=50, line_search_fn="strong_wolfe")
+        opt = torch.optim.LBFGS(
+            [W],
+            lr=1,
+            max_iter=iters,
+            tolerance_grad=grad_tol,
+            tolerance_change=0,
+            history_size=50,
+            line_search_fn="strong_wolfe",
+        )
 
         def closure(F=F, W=W, opt=opt):
             opt.zero_grad()
@@ -136,8 +152,11 @@ def main() -> None:
                 F = stages[-1]
                 t = time.time()
                 fstar, gnorm = f_star(stages, state_matrix(sim, reliable).shape, args.lbfgs_iters, args.grad_tol)
-                print(f"seed {seed}: F* = {fstar:.6f} (||grad F|| = {gnorm:.2e}, error <= ||grad F||^2 / (2 delta) = "
-                      f"{gnorm**2 / (2 * DELTA):.1e}; L-BFGS over mu = {mus}: {time.time() - t:.0f} s)", flush=True)
+                print(
+                    f"seed {seed}: F* = {fstar:.6f} (||grad F|| = {gnorm:.2e}, error <= ||grad F||^2 / (2 delta) = "
+                    f"{gnorm**2 / (2 * DELTA):.1e}; L-BFGS over mu = {mus}: {time.time() - t:.0f} s)",
+                    flush=True,
+                )
             for r in range(1, rounds + 1):
                 sim.step()
                 if r % args.every == 0 or r == rounds:

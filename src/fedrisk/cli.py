@@ -190,9 +190,7 @@ def _entries(kind: str, catalog: dict[str, list[tuple[str, str]]] | None = None)
     if kind == "objectives":
         from fedrisk.objectives.supervised import LOSSES
 
-        return [("auto", _AUTO_OBJECTIVE)] + [
-            (name, desc) for name, (_, desc) in sorted(LOSSES.items())
-        ]
+        return [("auto", _AUTO_OBJECTIVE)] + [(name, desc) for name, (_, desc) in sorted(LOSSES.items())]
     reg = _registry(kind)
     return [] if reg is None else [(e.name, e.description) for e in reg.entries()]
 

@@ -78,4 +78,3 @@ def test_float64_replies_reduce_in_float64() -> None:
     out = stacked_weighted_sum(trees, [1.0, 0.1])
     assert out["w"].dtype == torch.float64 and out["w"].tolist() == [1.0 + 0.1 * 2.0, 1e-17]
     assert stacked_weighted_sum([{"n": torch.tensor([1])}, {"n": torch.tensor([2])}]) is None  # integer leaves
-

@@ -275,8 +275,11 @@ def test_group_ids_are_checked_before_the_run_whatever_the_executor(executor: st
     built, before round 0 — also under vmap, where the clients' own check cannot run."""
     model = FunctionalModel(build_model("logreg", (4,), 2))
     fed = group_fed()
-    with pytest.raises(FedriskError, match=r"client 0's attribute 'group' has group ids from 0 to 2 but the simplex "
-                       r"dimension dual_dim = 2; allowed ids: 0 \.\. 1"):
+    with pytest.raises(
+        FedriskError,
+        match=r"client 0's attribute 'group' has group ids from 0 to 2 but the simplex "
+        r"dimension dual_dim = 2; allowed ids: 0 \.\. 1",
+    ):
         Simulation(cls(model=model, game="fair_group", dual_dim=2, batch_size=4), fed, seed=0, executor=executor)
     with pytest.raises(FedriskError, match="no attribute 'sex'; attributes: group"):
         Simulation(cls(model=model, game="fair_group", dual_dim=3, group_attr="sex"), fed, seed=0, executor=executor)
@@ -310,8 +313,15 @@ def test_diverging_config_run_stops_naming_round_and_variable_and_keeps_its_chec
     raw = {
         "data": {"dataset": "wgan_1d", "num_clients": 2, "dataset_options": {"num_samples": 200}},
         "model": {"name": "affine_generator"},
-        "algorithm": {"name": "fsgda", "game": "wgan", "lr": 0.5, "global_lr": 2.0, "local_steps": 2,
-                      "batch_size": 10, "wgan_lambda": 0.0},
+        "algorithm": {
+            "name": "fsgda",
+            "game": "wgan",
+            "lr": 0.5,
+            "global_lr": 2.0,
+            "local_steps": 2,
+            "batch_size": 10,
+            "wgan_lambda": 0.0,
+        },
         "run": {"rounds": 50, "splits": [], "dtype": "float64", "checkpoint_every": 1},
         "output": {"plots": False},
     }
@@ -328,11 +338,24 @@ def test_diverging_server_state_stops_naming_round_and_variable_and_keeps_its_ch
     from fedrisk.experiment.runner import load_checkpoint, run_experiment
 
     raw = {
-        "data": {"dataset": "nc_sc_quadratic", "partition": "by_attribute", "num_clients": 5,
-                 "dataset_options": {"dim": D2, "samples_per_client": 20, "heterogeneity": 1.0, "noise_std": 0.3}},
+        "data": {
+            "dataset": "nc_sc_quadratic",
+            "partition": "by_attribute",
+            "num_clients": 5,
+            "dataset_options": {"dim": D2, "samples_per_client": 20, "heterogeneity": 1.0, "noise_std": 0.3},
+        },
         "model": {"name": "vector", "num_outputs": D1, "init": 0.5},
-        "algorithm": {"name": "fessgda", "game": "quadratic", "dual_dim": D2, "quadratic_mu": 0.5, "lr": 0.05,
-                      "local_steps": 4, "batch_size": 5, "smoothing": 1e100, "beta": 0.5},
+        "algorithm": {
+            "name": "fessgda",
+            "game": "quadratic",
+            "dual_dim": D2,
+            "quadratic_mu": 0.5,
+            "lr": 0.05,
+            "local_steps": 4,
+            "batch_size": 5,
+            "smoothing": 1e100,
+            "beta": 0.5,
+        },
         "run": {"rounds": 20, "splits": [], "dtype": "float64", "checkpoint_every": 1},
         "output": {"plots": False},
     }
@@ -353,18 +376,40 @@ def test_report_shows_the_game_metrics_without_being_asked(tmp_path: Any) -> Non
     wgan = {
         "data": {"dataset": "wgan_1d", "num_clients": 2, "dataset_options": {"num_samples": 200}},
         "model": {"name": "affine_generator"},
-        "algorithm": {"name": "fessgda", "game": "wgan", "lr": 0.1, "local_steps": 10, "batch_size": 100,
-                      "wgan_lambda": 0.01},
-        "run": {"rounds": 300, "eval_every": 100, "eval_at_start": True, "splits": [], "dtype": "float64",
-                "checkpoint_every": 0},
+        "algorithm": {
+            "name": "fessgda",
+            "game": "wgan",
+            "lr": 0.1,
+            "local_steps": 10,
+            "batch_size": 100,
+            "wgan_lambda": 0.01,
+        },
+        "run": {
+            "rounds": 300,
+            "eval_every": 100,
+            "eval_at_start": True,
+            "splits": [],
+            "dtype": "float64",
+            "checkpoint_every": 0,
+        },
         "output": {"plots": False},
     }
     quadratic = {
-        "data": {"dataset": "nc_sc_quadratic", "partition": "by_attribute", "num_clients": 5,
-                 "dataset_options": {"dim": D2, "samples_per_client": 20}},
+        "data": {
+            "dataset": "nc_sc_quadratic",
+            "partition": "by_attribute",
+            "num_clients": 5,
+            "dataset_options": {"dim": D2, "samples_per_client": 20},
+        },
         "model": {"name": "vector", "num_outputs": D1, "init": 0.5},
-        "algorithm": {"name": "fsgda", "game": "quadratic", "dual_dim": D2, "lr": 0.05, "local_steps": 4,
-                      "batch_size": 5},
+        "algorithm": {
+            "name": "fsgda",
+            "game": "quadratic",
+            "dual_dim": D2,
+            "lr": 0.05,
+            "local_steps": 4,
+            "batch_size": 5,
+        },
         "run": {"rounds": 4, "eval_every": 2, "splits": [], "dtype": "float64", "checkpoint_every": 0},
         "output": {"plots": False},
     }
@@ -389,8 +434,16 @@ def test_report_shows_the_game_metrics_without_being_asked(tmp_path: Any) -> Non
 
 
 def test_every_family_member_is_registered() -> None:
-    for name in ("fessgda", "fessgda_ncc", "local_sgda", "local_sgda_plus", "fsgda", "fed_norm_sgda",
-                 "fed_norm_sgda_plus", "sagda"):
+    for name in (
+        "fessgda",
+        "fessgda_ncc",
+        "local_sgda",
+        "local_sgda_plus",
+        "fsgda",
+        "fed_norm_sgda",
+        "fed_norm_sgda_plus",
+        "sagda",
+    ):
         assert name in ALGORITHMS
 
 

@@ -54,8 +54,16 @@ def plpl_federation(sigma_g: float, num_clients: int = 10) -> Federation:
 def distance_to_saddle(lr: float, rounds: int, sigma_g: float, m: int | None = None) -> list[float]:
     """``||x_t||² + ||y_t||²`` after every round (K = 5, p = 0, float64, start (1, 0))."""
     model = FunctionalModel(build_model("vector", (1,), 1, init=1.0))
-    alg = PLPLGame(model=model, game="quadratic", dual_dim=1, smoothing=0.0, lr=lr, local_steps=5, batch_size=4,
-                   clients_per_round=m)
+    alg = PLPLGame(
+        model=model,
+        game="quadratic",
+        dual_dim=1,
+        smoothing=0.0,
+        lr=lr,
+        local_steps=5,
+        batch_size=4,
+        clients_per_round=m,
+    )
     sim = Simulation(alg, plpl_federation(sigma_g), seed=0, dtype=F64)
     out = []
     for _ in range(rounds):
@@ -89,8 +97,18 @@ def noise_floor(m: int, rounds: int = 200, executor: str = "vectorized") -> floa
     ||∇Φ(x_t)||² over the second half of the rounds."""
     opts = {"dim": 4, "samples_per_client": 50, "heterogeneity": 0.0, "noise_std": 1.0}
     fed = build_federation("nc_sc_quadratic", "by_attribute", 10, seed=0, dataset_options=opts)
-    alg = FESSGDA(model=FunctionalModel(build_model("vector", (4,), 3, init=0.5)), game="quadratic", dual_dim=4,
-                  quadratic_mu=1.0, lr=0.05, local_steps=5, batch_size=1, clients_per_round=m, smoothing=1.0, beta=0.5)
+    alg = FESSGDA(
+        model=FunctionalModel(build_model("vector", (4,), 3, init=0.5)),
+        game="quadratic",
+        dual_dim=4,
+        quadratic_mu=1.0,
+        lr=0.05,
+        local_steps=5,
+        batch_size=1,
+        clients_per_round=m,
+        smoothing=1.0,
+        beta=0.5,
+    )
     sim = Simulation(alg, fed, seed=0, dtype=F64, executor=executor)
     tail = []
     for r in range(rounds):

@@ -36,8 +36,16 @@ def logreg() -> FunctionalModel:
 @pytest.mark.parametrize("cls", [FSGDA, FESSGDA, FedNormSGDAPlus])
 def test_freeze_dual_keeps_y_uniform_and_still_trains_x(cls: type) -> None:
     fed = group_fed()
-    alg = cls(model=logreg(), game="fair_group", dual_dim=3, lr=0.5, global_lr=1.5, local_steps=3, batch_size=6,
-              freeze_dual=True)
+    alg = cls(
+        model=logreg(),
+        game="fair_group",
+        dual_dim=3,
+        lr=0.5,
+        global_lr=1.5,
+        local_steps=3,
+        batch_size=6,
+        freeze_dual=True,
+    )
     sim = Simulation(alg, fed, seed=0, dtype=F64)
     x0 = {k: v.clone() for k, v in sim.server_state["x"].items()}
     for _ in range(3):
@@ -48,8 +56,7 @@ def test_freeze_dual_keeps_y_uniform_and_still_trains_x(cls: type) -> None:
 
 def test_stationarity_measures_match_a_hand_computed_full_batch_gradient() -> None:
     fed = group_fed()
-    alg = FESSGDA(model=logreg(), game="fair_group", dual_dim=3, lr=0.5, local_steps=2, batch_size=4,
-                  stationarity=True)
+    alg = FESSGDA(model=logreg(), game="fair_group", dual_dim=3, lr=0.5, local_steps=2, batch_size=4, stationarity=True)
     sim = Simulation(alg, fed, seed=0, dtype=F64)
     sim.step()
     x = {k: v.detach().clone().requires_grad_(True) for k, v in sim.server_state["x"].items()}
@@ -81,8 +88,16 @@ def test_groups_toy_has_unequal_groups_and_rejects_bad_options() -> None:
 
 def toy_worst_group(alg_cls: type, rounds: int, **kw: object) -> float:
     fed = build_federation("fair_groups_toy", "iid", 10, seed=0)
-    alg = alg_cls(model=FunctionalModel(build_model("logreg", (10,), 2)), game="fair_group", dual_dim=5,
-                  group_attr="group", lr=0.1, local_steps=10, batch_size=50, **kw)
+    alg = alg_cls(
+        model=FunctionalModel(build_model("logreg", (10,), 2)),
+        game="fair_group",
+        dual_dim=5,
+        group_attr="group",
+        lr=0.1,
+        local_steps=10,
+        batch_size=50,
+        **kw,
+    )
     sim = Simulation(alg, fed, seed=0, dtype=F64)
     for _ in range(rounds):
         sim.step()
@@ -113,8 +128,18 @@ def noisy_group_fed() -> Federation:
 
 def final_stationarity(local_steps: int, lr: float, rounds: int = 300) -> tuple[float, float]:
     fed = noisy_group_fed()
-    alg = FESSGDA(model=logreg(), game="fair_group", dual_dim=3, lr=lr, local_steps=local_steps, batch_size=12,
-                  sampling="shuffle", smoothing=0.1, beta=0.9, stationarity=True)
+    alg = FESSGDA(
+        model=logreg(),
+        game="fair_group",
+        dual_dim=3,
+        lr=lr,
+        local_steps=local_steps,
+        batch_size=12,
+        sampling="shuffle",
+        smoothing=0.1,
+        beta=0.9,
+        stationarity=True,
+    )
     sim = Simulation(alg, fed, seed=0, dtype=F64)
     for _ in range(rounds):
         sim.step()

@@ -86,8 +86,17 @@ def run_potential(rounds: int, lr: float, k: int = 2, beta_scale: float = 1.0) -
     clients = [Samples(ri.repeat(2, 1), torch.zeros(2, dtype=torch.long)) for ri in r]
     fed = Federation("ncsc_potential", clients, 2)
     model = FunctionalModel(build_model("vector", (1,), 3, init=1.0))
-    alg = QuadraticNCSC(model=model, game="quadratic", dual_dim=4, lr=lr, lr_dual=lr_dual, local_steps=k,
-                        batch_size=2, smoothing=p, beta=beta)
+    alg = QuadraticNCSC(
+        model=model,
+        game="quadratic",
+        dual_dim=4,
+        lr=lr,
+        lr_dual=lr_dual,
+        local_steps=k,
+        batch_size=2,
+        smoothing=p,
+        beta=beta,
+    )
     sim = Simulation(alg, fed, seed=0, dtype=F64)
 
     def v() -> float:

@@ -124,8 +124,10 @@ def test_client_update_reproduces_the_slot_by_hand() -> None:
     alg, fed = frpg(batch_size=4), federation(2)
     info = FedInfo(2, (30, 30), CLASSES)
     ctx = RoundContext(2, info)  # slot k = 3
-    params = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(1), dtype=F64) for k, v in
-              alg.init_params(torch.Generator()).items()}
+    params = {
+        k: torch.randn(v.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
+        for k, v in alg.init_params(torch.Generator()).items()
+    }
     state = {"w": params, "v": {k: 2 * v for k, v in params.items()}}
     payload = {"w0": {k: -v for k, v in params.items()}}
     data = LocalData(fed.clients[0].x, fed.clients[0].y, torch.tensor(30))
@@ -135,8 +137,10 @@ def test_client_update_reproduces_the_slot_by_hand() -> None:
     w, v, w0 = (tree_flatten_vector(t) for t in (state["w"], state["v"], payload["w0"]))
     u = (1 - beta) * w + beta * v
     idx = draws["batches"][0]
-    leaves = {k: t.detach().clone().requires_grad_(True) for k, t in
-              zip(params, torch.split(u, [p.numel() for p in params.values()]))}
+    leaves = {
+        k: t.detach().clone().requires_grad_(True)
+        for k, t in zip(params, torch.split(u, [p.numel() for p in params.values()]))
+    }
     leaves = {k: t.reshape(params[k].shape) for k, t in leaves.items()}
     loss = cross_entropy(alg.model.apply(leaves, data.x[idx]), data.y[idx])
     grads = torch.autograd.grad(loss, list(leaves.values()))
@@ -256,8 +260,9 @@ def test_lfrpg_vectorized_equals_sequential(variant: str) -> None:
     a = _run(make(), GaussianAttack(1e4), [7], rounds=3)
     b = _run(make(), GaussianAttack(1e4), [7], rounds=3, executor="vectorized")
     for key in ("w", "v"):
-        assert torch.allclose(tree_flatten_vector(a.server_state[key]), tree_flatten_vector(b.server_state[key]),
-                              rtol=1e-9, atol=1e-12)
+        assert torch.allclose(
+            tree_flatten_vector(a.server_state[key]), tree_flatten_vector(b.server_state[key]), rtol=1e-9, atol=1e-12
+        )
 
 
 def test_label_flip_attack_flips_only_the_byzantine_clients() -> None:
@@ -333,8 +338,10 @@ def uneven_federation() -> Federation:
 def test_full_batch_slot_uses_the_whole_local_objective() -> None:
     alg, fed = frpg(full_batch=True), federation(2)
     ctx = RoundContext(4, FedInfo(2, (30, 30), CLASSES))  # slot k = 5
-    params = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(2), dtype=F64) for k, v in
-              alg.init_params(torch.Generator()).items()}
+    params = {
+        k: torch.randn(v.shape, generator=torch.Generator().manual_seed(2), dtype=F64)
+        for k, v in alg.init_params(torch.Generator()).items()
+    }
     state = {"w": params, "v": {k: 0.5 * v for k, v in params.items()}}
     payload = {"w0": {k: 0.1 - v for k, v in params.items()}}
     data = LocalData(fed.clients[1].x, fed.clients[1].y, torch.tensor(30))
@@ -368,18 +375,32 @@ def test_full_batch_vectorized_equals_sequential_on_unequal_clients(variant: str
     def make():
         if variant == "frpg":
             return frpg(full_batch=True)
-        return LFRPG(model=model(), loss=cross_entropy, lipschitz=10.0, local_slots_per_round=3,
-                     variant=variant.split("-")[1], full_batch=True)
+        return LFRPG(
+            model=model(),
+            loss=cross_entropy,
+            lipschitz=10.0,
+            local_slots_per_round=3,
+            variant=variant.split("-")[1],
+            full_batch=True,
+        )
 
     a = _run_uneven(make(), "sequential")
     for block in (None, 3):
         b = _run_uneven(make(), VectorizedExecutor(block_size=block))
         for key in ("w", "v"):
-            assert torch.allclose(tree_flatten_vector(a.server_state[key]), tree_flatten_vector(b.server_state[key]),
-                                  rtol=1e-9, atol=1e-12)
+            assert torch.allclose(
+                tree_flatten_vector(a.server_state[key]),
+                tree_flatten_vector(b.server_state[key]),
+                rtol=1e-9,
+                atol=1e-12,
+            )
         for k in range(8):
-            assert torch.allclose(tree_flatten_vector(a.client_states[k]["v"]),
-                                  tree_flatten_vector(b.client_states[k]["v"]), rtol=1e-9, atol=1e-12)
+            assert torch.allclose(
+                tree_flatten_vector(a.client_states[k]["v"]),
+                tree_flatten_vector(b.client_states[k]["v"]),
+                rtol=1e-9,
+                atol=1e-12,
+            )
 
 
 def test_full_batch_is_deterministic_and_differs_from_minibatches() -> None:

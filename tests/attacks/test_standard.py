@@ -14,9 +14,7 @@ CTX = RoundContext(0, FedInfo(5, (1,) * 5, 2))
 
 def replies() -> InMemoryReplies:
     """Five clients; each reply has a float model tree and an integer leaf (kept as is)."""
-    return InMemoryReplies(
-        {k: {"p": {"w": torch.tensor([float(k), 2.0 * k])}, "n": torch.tensor(k)} for k in range(5)}
-    )
+    return InMemoryReplies({k: {"p": {"w": torch.tensor([float(k), 2.0 * k])}, "n": torch.tensor(k)} for k in range(5)})
 
 
 def forged(attack, byz=(3, 4), gen=None) -> dict:

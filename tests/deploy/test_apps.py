@@ -149,9 +149,7 @@ def test_a_restarted_supernode_is_found_again_with_its_state(app, tmp_path):
     assert len(handshakes) == 4  # two nodes at the start, two after the restart
 
 
-def test_a_supernode_restarted_after_the_message_was_sent_gets_it_again_and_starts_from_the_state_before(
-    app, tmp_path
-):
+def test_a_supernode_restarted_after_the_message_was_sent_gets_it_again_and_starts_from_the_state_before(app, tmp_path):
     cfg = config()
     moved = []
 

@@ -173,8 +173,10 @@ def test_a_failed_deployed_run_resumes_with_the_nodes_kept_states(tmp_path):
         thread.start()
         metrics = tmp_path / "run" / "metrics.jsonl"
         end = time.monotonic() + WAIT
-        while time.monotonic() < end and thread.is_alive() and not (
-            metrics.exists() and metrics.read_text().count("\n") >= 2
+        while (
+            time.monotonic() < end
+            and thread.is_alive()
+            and not (metrics.exists() and metrics.read_text().count("\n") >= 2)
         ):
             time.sleep(0.2)
         fed.stop_node(1)  # after round 1

@@ -117,9 +117,7 @@ def test_toy_finite_differences():
 
 
 def test_toy_functional_grad_matches():
-    g = grad(
-        lambda a, b, al: auc_square_minmax(toy_h(), toy_y(), a, b, al, 0.25), argnums=(0, 1, 2)
-    )
+    g = grad(lambda a, b, al: auc_square_minmax(toy_h(), toy_y(), a, b, al, 0.25), argnums=(0, 1, 2))
     ga, gb, gal = g(t(0.5), t(0.3), t(0.1))
     assert abs(ga.item() + 0.225) < TOL and abs(gb.item()) < TOL and abs(gal.item() + 0.5625) < TOL
 
@@ -478,9 +476,7 @@ def test_global_p_recovers_mixture_saddle():
     # class means of the mixture (1/K) Σ_k P_k: client-weighted class-conditional means
     pis = [float((y == 1).double().mean()) for y in ys]
     mu_p = sum(pi * h[y == 1].mean() for pi, h, y in zip(pis, hs, ys)) / sum(pis)
-    mu_n = sum((1 - pi) * h[y != 1].mean() for pi, h, y in zip(pis, hs, ys)) / sum(
-        1 - pi for pi in pis
-    )
+    mu_n = sum((1 - pi) * h[y != 1].mean() for pi, h, y in zip(pis, hs, ys)) / sum(1 - pi for pi in pis)
     grads = grad(f, argnums=(0, 1, 2))(mu_p, mu_n, mu_n - mu_p)
     for gr in grads:
         assert abs(gr.item()) < TOL

@@ -255,9 +255,7 @@ def multi_krum(x: Tensor, f: int, m: int | None = None) -> Tensor:
     return x[order].mean(dim=0)
 
 
-def geometric_median(
-    x: Tensor, tol: float = 1e-7, max_iter: int = 1000, eps: float = 1e-8
-) -> Tensor:
+def geometric_median(x: Tensor, tol: float = 1e-7, max_iter: int = 1000, eps: float = 1e-8) -> Tensor:
     """``argmin_z sum_i ||z - x_i||`` by Weiszfeld's iteration, started at the mean::
 
         z <- sum_i x_i / max(eps, ||x_i - z||)  /  sum_i 1 / max(eps, ||x_i - z||)

@@ -411,7 +411,6 @@ class StageSlot(NamedTuple):
     """``"train"``, ``"stage_end"`` or ``"dual_reset"``."""
 
 
-
 def _zero_like_params(params: Tree) -> Tensor:
     leaf = next((x for x in tensor_leaves(params) if x.is_floating_point()), None)
     if leaf is None:

@@ -112,9 +112,7 @@ class FESSGDA(FSGDA):
 
     def server_step(self, ctx: RoundContext, server_state: Tree, replies: Replies) -> dict[str, Any]:
         coef = self.lr * self.global_lr * self.local_steps * self.smoothing  # η_{x,l} η_{x,g} K p
-        x, z = smoothing_step(
-            server_state["x"], replies.mean("x"), server_state["z"], self.global_lr, coef, self.beta
-        )
+        x, z = smoothing_step(server_state["x"], replies.mean("x"), server_state["z"], self.global_lr, coef, self.beta)
         y = self._project(ctx, extrapolate(server_state["y"], replies.mean("y"), self.global_lr_y))
         return {"x": x, "y": y, "z": z}
 

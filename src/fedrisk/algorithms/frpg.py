@@ -144,9 +144,7 @@ def frpg_worker_slot(
     return w_new, g, v_new
 
 
-def frpg_server_post(
-    v0: Tensor, u0: Tensor, g_sum: Tensor, alpha0: float, beta: float, delta_server: float
-) -> Tensor:
+def frpg_server_post(v0: Tensor, u0: Tensor, g_sum: Tensor, alpha0: float, beta: float, delta_server: float) -> Tensor:
     """Eq. (6c) / (19c): ``v_0 - [delta_0 (v_0 - u_0) + grad f_0(u_0) + sum_n g_n] / (delta_0 + alpha_0 beta)``.
 
     Example:

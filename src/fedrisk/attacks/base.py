@@ -22,9 +22,7 @@ class Attack:
 
     name: str = "attack"
 
-    def apply(
-        self, ctx: RoundContext, replies: Replies, byzantine: Sequence[int], gen: torch.Generator
-    ) -> Replies:
+    def apply(self, ctx: RoundContext, replies: Replies, byzantine: Sequence[int], gen: torch.Generator) -> Replies:
         raise NotImplementedError
 
     def poison(self, federation: Any, byzantine: Sequence[int]) -> Any:

@@ -166,7 +166,7 @@ def alie_z(n: int, f: int) -> float:
 
 
 class ALIE(ReplyAttack):
-    """"A little is enough": every Byzantine reply is ``mean_h - z std_h`` (coordinate-wise over
+    """ "A little is enough": every Byzantine reply is ``mean_h - z std_h`` (coordinate-wise over
     the honest replies, ``std`` with Bessel's correction, 0 for one honest reply).
 
     ``z = 0`` (default) means Baruch et al.'s ``z_max`` for the round's ``n`` and ``f``

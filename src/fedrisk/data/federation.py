@@ -97,10 +97,7 @@ class PartitionReport:
     def to_markdown(self) -> str:
         head = "| client | n | " + " | ".join(self.class_names) + " |"
         rule = "|---" * (len(self.class_names) + 2) + "|"
-        rows = [
-            f"| {i} | {sum(r)} | " + " | ".join(str(c) for c in r) + " |"
-            for i, r in enumerate(self.counts)
-        ]
+        rows = [f"| {i} | {sum(r)} | " + " | ".join(str(c) for c in r) + " |" for i, r in enumerate(self.counts)]
         return "\n".join([head, rule, *rows])
 
 
@@ -132,9 +129,7 @@ class Federation:
         if not self.clients:
             raise ValueError("Federation needs at least one client")
         if self.client_tests is not None and len(self.client_tests) != len(self.clients):
-            raise ValueError(
-                f"Federation: {len(self.client_tests)} client test splits for {len(self.clients)} clients"
-            )
+            raise ValueError(f"Federation: {len(self.client_tests)} client test splits for {len(self.clients)} clients")
         if self.class_names is None:
             self.class_names = [str(c) for c in range(self.num_classes)]
 

@@ -151,11 +151,7 @@ def add_parser(sub: Any) -> None:
     q.add_argument("--out", metavar="DIR", help="the run directory on the SuperLink's machine")
     again = q.add_mutually_exclusive_group()
     again.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
-    again.add_argument(
-        "--resume", action="store_true", help="continue the deployed run in --out from its checkpoint"
-    )
+    again.add_argument("--resume", action="store_true", help="continue the deployed run in --out from its checkpoint")
     q.add_argument("--round-timeout", type=float, default=600.0, metavar="S", help="seconds to wait for replies")
     q.add_argument("--connect-timeout", type=float, default=120.0, metavar="S", help="seconds to wait for nodes")
     q.set_defaults(func=cmd_run)
-
-

@@ -129,7 +129,7 @@ def encode(tree: Any, meta: Meta) -> Any:
                 allowed = ", ".join(str(d).removeprefix("torch.") for d in CARRIED_DTYPES)
                 raise FedriskError(
                     f"payload leaf {_leaf_path(spec, i)} has dtype {str(leaf.dtype).removeprefix('torch.')}, which "
-                    f"Flower's ArrayRecord cannot carry; allowed: {allowed} (cast it, e.g. run.dtype = \"float32\")"
+                    f'Flower\'s ArrayRecord cannot carry; allowed: {allowed} (cast it, e.g. run.dtype = "float32")'
                 )
             name = str(leaf.dtype).removeprefix("torch.")
             group = groups.setdefault(name, [])

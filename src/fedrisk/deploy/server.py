@@ -132,9 +132,7 @@ class LoopbackExecutor(MessageExecutor):
         out: dict[int, Any] = {}
         for k, (_, content) in requests.items():
             try:
-                reply, state, _ = client_round(
-                    self._algorithm, ctx.fed, wire(content), states[k], self._data[k]
-                )
+                reply, state, _ = client_round(self._algorithm, ctx.fed, wire(content), states[k], self._data[k])
             except Exception as exc:  # an error reply, as a node would send it
                 out[k] = repr(exc)
                 continue

@@ -165,8 +165,10 @@ def markdown_table(groups: Sequence[Group], metrics: Sequence[str]) -> str:
 
 def _personal_detail(metric: str) -> bool:
     """``personal_accuracy_std`` and kin: shown in the personalised table, not the main one."""
-    return metric.startswith("personal_") and metric.rsplit("_", 1)[-1] in (*PERSONAL_STATS, "worst") and not (
-        metric.endswith("_mean") and not metric.endswith("_wmean")
+    return (
+        metric.startswith("personal_")
+        and metric.rsplit("_", 1)[-1] in (*PERSONAL_STATS, "worst")
+        and not (metric.endswith("_mean") and not metric.endswith("_wmean"))
     )
 
 

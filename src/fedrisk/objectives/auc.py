@@ -193,14 +193,11 @@ def check_binary_labels(labels: Tensor, name: str = "labels") -> None:
     shown = ", ".join(_fmt_label(v) for v in found[:_MAX_LISTED])
     more = f", ... ({len(found)} distinct in all)" if len(found) > _MAX_LISTED else ""
     raise FedriskError(
-        f"{name} must be binary, coded {{0, 1}} or {{-1, +1}} with 1 = positive; "
-        f"found distinct labels [{shown}{more}]"
+        f"{name} must be binary, coded {{0, 1}} or {{-1, +1}} with 1 = positive; found distinct labels [{shown}{more}]"
     )
 
 
-def positive_ratio(
-    labels: Tensor | Sequence[Tensor], weights: Sequence[float] | None = None
-) -> float:
+def positive_ratio(labels: Tensor | Sequence[Tensor], weights: Sequence[float] | None = None) -> float:
     """The fraction of positive labels (label ``1``), as a Python float.
 
     * one tensor: ``#{y = 1} / N``;
@@ -232,13 +229,10 @@ def positive_ratio(
         w = [float(x) for x in weights]
         if len(w) != len(clients):
             raise FedriskError(
-                f"positive_ratio: got {len(w)} weights for {len(clients)} clients; "
-                "need one weight per client"
+                f"positive_ratio: got {len(w)} weights for {len(clients)} clients; need one weight per client"
             )
         if any(not math.isfinite(x) or x < 0 for x in w) or sum(w) <= 0:
-            raise FedriskError(
-                f"positive_ratio: weights must be finite, >= 0 and not all 0; got {w}"
-            )
+            raise FedriskError(f"positive_ratio: weights must be finite, >= 0 and not all 0; got {w}")
     ratios = []
     for k, y in enumerate(clients):
         if not isinstance(y, Tensor):
@@ -386,9 +380,7 @@ def resolve_positive_ratios(
 def _as_vector(x: Tensor, name: str) -> Tensor:
     """``[N]`` or ``[N, 1]`` -> ``[N]``; anything else is a user error (a static shape check)."""
     if not isinstance(x, Tensor):
-        raise FedriskError(
-            f"{name} must be a tensor of shape [N] or [N, 1]; got {type(x).__name__}"
-        )
+        raise FedriskError(f"{name} must be a tensor of shape [N] or [N, 1]; got {type(x).__name__}")
     if x.dim() == 2 and x.shape[1] == 1:
         return x[:, 0]
     if x.dim() != 1:
@@ -400,9 +392,7 @@ def _scores_and_masks(scores: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, T
     h = _as_vector(scores, "scores")
     y = _as_vector(labels, "labels")
     if h.shape[0] != y.shape[0]:
-        raise FedriskError(
-            f"scores and labels must have the same length; got {h.shape[0]} and {y.shape[0]}"
-        )
+        raise FedriskError(f"scores and labels must have the same length; got {h.shape[0]} and {y.shape[0]}")
     if not h.is_floating_point():
         raise FedriskError(f"scores must be a floating-point tensor; got dtype {h.dtype}")
     pos = (y == 1).to(h.dtype)

@@ -200,6 +200,7 @@ def wgan_objective(real: Tensor, fake: Tensor, phi: Tensor, lam: float) -> Tenso
         >>> wgan_objective(torch.tensor([1.0]), torch.tensor([0.0]), torch.tensor([1.0, 1.0]), 0.5).item()
         1.0
     """
+
     def d(t: Tensor) -> Tensor:
         return phi[0] * t + phi[1] * t * t
 
