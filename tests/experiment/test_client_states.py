@@ -25,14 +25,20 @@ def _scaffold(tiny: dict, client_states: str) -> dict:
     return tiny
 
 
-def test_disk_states_resume_like_memory(tiny, tmp_path, monkeypatch):
-    memory = run_experiment(resolve_config(_scaffold(tiny, "memory")), tmp_path / "memory", progress="none")
+def _interrupted_disk_run(tiny: dict, out, monkeypatch):
+    """A SCAFFOLD run with its client states on disk, interrupted after round 3's checkpoint."""
     cfg = resolve_config(_scaffold(tiny, "disk"))
-    out = tmp_path / "disk"
     with monkeypatch.context() as m:
         interrupt_at(m, 3)
         with pytest.raises(RunInterrupted):
             run_experiment(cfg, out, progress="none")
+    return cfg
+
+
+def test_disk_states_resume_like_memory(tiny, tmp_path, monkeypatch):
+    memory = run_experiment(resolve_config(_scaffold(tiny, "memory")), tmp_path / "memory", progress="none")
+    out = tmp_path / "disk"
+    cfg = _interrupted_disk_run(tiny, out, monkeypatch)
     ckpt = out / "checkpoint.pt"
     state = read_checkpoint(ckpt)["simulation"]["client_states"]
     assert is_snapshot_ref(state) and set(state) == {"store", "snapshot", "sha256"}  # linked, not loaded
@@ -80,12 +86,8 @@ def _fresh_file(out):
 @pytest.mark.parametrize("how", ["missing", "truncated", "bit-flipped"])
 def test_damaged_snapshot_falls_back_to_the_previous_checkpoint(tiny, tmp_path, monkeypatch, how):
     memory = run_experiment(resolve_config(_scaffold(tiny, "memory")), tmp_path / "memory", progress="none")
-    cfg = resolve_config(_scaffold(tiny, "disk"))
     out = tmp_path / "disk"
-    with monkeypatch.context() as m:
-        interrupt_at(m, 3)
-        with pytest.raises(RunInterrupted):
-            run_experiment(cfg, out, progress="none")
+    cfg = _interrupted_disk_run(tiny, out, monkeypatch)
     damaged, previous = _fresh_file(out)
     _damage(damaged, how)
     with (
@@ -105,12 +107,8 @@ def test_damaged_snapshot_falls_back_to_the_previous_checkpoint(tiny, tmp_path, 
 
 
 def test_unusable_snapshots_everywhere_name_both(tiny, tmp_path, monkeypatch):
-    cfg = resolve_config(_scaffold(tiny, "disk"))
     out = tmp_path / "disk"
-    with monkeypatch.context() as m:
-        interrupt_at(m, 3)
-        with pytest.raises(RunInterrupted):
-            run_experiment(cfg, out, progress="none")
+    cfg = _interrupted_disk_run(tiny, out, monkeypatch)
     damaged, previous = _fresh_file(out)
     damaged.unlink()
     shutil.rmtree(out / "client_states" / "snapshots" / previous)

@@ -131,18 +131,18 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _keep_previous(path: Path) -> None:
-    """Make ``<path>.prev`` the current ``path`` (atomically; ``path`` itself stays in place)."""
-    prev = previous_path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{prev.name}.", suffix=".tmp", dir=path.parent)
+def _link_atomically(source: Path, target: Path) -> None:
+    """Make ``target`` the file ``source`` is (a hard link, or a copy where the file system has
+    none), replacing ``target`` atomically; ``source`` stays in place."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     os.unlink(tmp)
     try:
         try:
-            os.link(path, tmp)
+            os.link(source, tmp)
         except OSError:  # no hard links here: copy
-            shutil.copyfile(path, tmp)
-        os.replace(tmp, prev)
+            shutil.copyfile(source, tmp)
+        os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -153,19 +153,8 @@ def replace_with_previous(path: str | Path) -> None:
     copy).  For a newest file that is whole but unusable (its client-state snapshot is damaged):
     afterwards the next :func:`write_checkpoint` keeps the good previous file, not the unusable one."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    os.unlink(tmp)
-    try:
-        try:
-            os.link(previous_path(path), tmp)
-        except OSError:  # no hard links here: copy
-            shutil.copyfile(previous_path(path), tmp)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    _link_atomically(previous_path(path), path)
+    _fsync_dir(path.parent)
 
 
 def write_checkpoint(path: str | Path, payload: Any, **manifest: Any) -> None:
@@ -181,7 +170,7 @@ def write_checkpoint(path: str | Path, payload: Any, **manifest: Any) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         if path.is_file() and verify(path) is None:
-            _keep_previous(path)
+            _link_atomically(path, previous_path(path))  # the current file becomes <path>.prev
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except BaseException:
