@@ -12,7 +12,8 @@ A scope is ``aggregators`` (the top-level keys of ``[tool.mutmut]`` in pyproject
 Each scope runs in its own folder, ``runs/mutation/SCOPE/``: a copy of ``src/``, ``tests/`` and
 ``pyproject.toml`` whose ``[tool.mutmut]`` is the scope's.  mutmut keeps its results there, so the
 scopes do not mix and a stopped run goes on where it stopped (the copy is refreshed at each call).
-``FEDRISK_FUZZ_EXAMPLES`` defaults to 10 (the fuzz tests are not the point of a mutant run).
+``FEDRISK_FUZZ_EXAMPLES`` defaults to 10 (the fuzz tests are not the point of a mutant run) and
+``OMP_NUM_THREADS`` to 1 (see below).
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ def main(argv: list[str]) -> int:
         config = {**pyproject, "tool": {**pyproject["tool"], "mutmut": known[scope]}}
         config["tool"]["mutmut"]["use_git_change_detection"] = False  # the copy is not a git checkout
         (folder / "pyproject.toml").write_text(tomli_w.dumps(config))
-    env = {**os.environ, "FEDRISK_FUZZ_EXAMPLES": os.environ.get("FEDRISK_FUZZ_EXAMPLES", "10")}
+    # one thread: mutmut forks each mutant's worker from a process that has run torch, and a forked
+    # OpenMP thread pool deadlocks (the worker then waits forever without using any CPU)
+    env = {"FEDRISK_FUZZ_EXAMPLES": "10", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **os.environ}
     command = [str(MUTMUT), *args]
     if args[0] == "run":
         command = ["nice", "-n", "15", *command]
