@@ -83,6 +83,7 @@ def test_nonfinite_paths_name_dict_keys_and_fields() -> None:
     assert nonfinite_paths(ClientResult({"w": nan}, {}, {})) == ["reply.w"]  # a named field
     assert nonfinite_paths(nan) == ["?"]  # a bare tensor has no path
     assert nonfinite_paths({"a": ok}) == []
+    assert nonfinite_paths({f"k{i}": nan for i in range(6)}) == ["k0", "k1", "k2", "k3"]  # 4 by default
 
 
 def test_finiteness_proof_over_mixed_dtypes() -> None:
