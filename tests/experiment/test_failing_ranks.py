@@ -1,12 +1,14 @@
 """Failing ranks under torchrun (gloo, CPU).
 
 * SIGTERM to one rank stops every rank after the same round with a checkpoint, and ``--resume``
-  under torchrun continues exactly (default suite).
+  under torchrun continues exactly (default suite): bit for bit the run of the same 2 processes
+  that was never stopped (metrics, server and client states, ledger).
 * SIGKILL of one rank stops every process within 30 s; the checkpoint of 2 processes then
   resumes on 3 processes and under the sequential executor (slow).
 
-Each resumed run ends with the numbers of an uninterrupted sequential run (float64, to rounding:
-the all-reduce sums in another order).
+Each resumed run also ends with the numbers of an uninterrupted sequential run (float64, to
+rounding: the all-reduce sums in another order).  Bit-identity is asserted only against a run
+with the same process count on the same machine.
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from torch.utils import _pytree as pytree
 
 from fedrisk.cli import main
 from fedrisk.experiment import RunDir, resolve_config, run_experiment
 from fedrisk.experiment.runner import load_checkpoint
 from fedrisk.runtime.distributed import free_port
+from fedrisk.tree import Tree
 
 from .conftest import records, without_time, write_config
 
@@ -113,6 +118,27 @@ def _check_resumed(tiny: dict, tmp_path: Path, run_dir: Path) -> None:
         assert a["test_log_loss"] == pytest.approx(b["test_log_loss"], rel=1e-9)
 
 
+def _assert_bit_identical(a: Tree, b: Tree, what: str) -> None:
+    la, sa = pytree.tree_flatten(a)
+    lb, sb = pytree.tree_flatten(b)
+    assert sa == sb, f"{what}: structures differ"
+    for x, y in zip(la, lb):
+        if isinstance(x, torch.Tensor):
+            assert isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y), what
+        else:
+            assert x == y, what
+
+
+def _assert_same_run(resumed: Path, uninterrupted: Path, rounds: int) -> None:
+    """``resumed`` equals ``uninterrupted`` bit for bit: every metrics record (but its wall
+    time) and the final checkpoint's server state, client states and ledger."""
+    assert without_time(records(resumed)) == without_time(records(uninterrupted))
+    a, b = load_checkpoint(resumed / "checkpoint.pt"), load_checkpoint(uninterrupted / "checkpoint.pt")
+    assert a["round"] == b["round"] == rounds
+    for part in ("server_state", "client_states", "ledger", "round"):
+        _assert_bit_identical(a["simulation"][part], b["simulation"][part], part)
+
+
 def test_sigterm_to_one_rank_stops_all_after_one_round_then_resume(tmp_path, tiny):
     tiny, config, out, proc = _start(tmp_path, tiny)
     victim = _rank_pid(proc.pid, 1)
@@ -130,6 +156,11 @@ def test_sigterm_to_one_rank_stops_all_after_one_round_then_resume(tmp_path, tin
     code, err = _finish(_torchrun(2, config, out, "--resume"), timeout=300)
     assert code == 0, err[-3000:]
     _check_resumed(tiny, tmp_path, out)
+    # bit for bit the uninterrupted run of the same 2 processes on this machine
+    uninterrupted = tmp_path / "uninterrupted"
+    code, err = _finish(_torchrun(2, config, uninterrupted), timeout=300)
+    assert code == 0, err[-3000:]
+    _assert_same_run(out, uninterrupted, tiny["run"]["rounds"])
 
 
 @pytest.mark.slow
