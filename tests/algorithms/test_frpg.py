@@ -424,7 +424,7 @@ def test_a_lipschitz_far_below_the_data_bound_is_warned_about() -> None:
         Simulation(frpg(lipschitz=bound), fed, dtype=F64)
 
 
-@pytest.mark.parametrize("name", ["digits", "mnist5k", "fmnist", "fmnist_short"])
+@pytest.mark.parametrize("name", ["digits", "mnist5k", "mnist5k_omniscient", "fmnist", "fmnist_short"])
 def test_byzantine_configs_set_lipschitz_in_every_frpg_variant(name: str) -> None:
     from pathlib import Path
 
