@@ -252,9 +252,10 @@ def fig4(root: Path, png: Path, targets: tuple[float, ...] = (0.3, 0.4, 0.5)) ->
     hits_by_alg: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
     for alg, k, runs in found:
         style = "-" if alg == "fessgda" else "--"
+        color = f"C{sorted({t[1] for t in found}).index(k)}"  # colour = K, line style = algorithm
         for ax, metric in zip(axes[:2], ("test_accuracy", key)):
             xs, mean, std = series(runs, metric)
-            (line,) = ax.plot(xs, mean, style, label=f"{alg}, K = {k}")
+            (line,) = ax.plot(xs, mean, style, color=color, label=f"{alg}, K = {k}")
             ax.fill_between(
                 xs,
                 [m - s for m, s in zip(mean, std)],
