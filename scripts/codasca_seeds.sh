@@ -2,12 +2,13 @@
 # The runs behind docs/results/codasca_window_claim.md's "5 seeds", "two-stage recipe" and "I = 32"
 # sections and the 2026-11-24 re-runs of docs/results/codasca_fmnist_ih.md (MLP and CNN) /
 # codasca_more_orgs.md.
-# One run at a time, niced; every run uses the vectorised executor (same numbers as the sequential
-# one to ~1e-7 AUROC, about 1.6x faster).  Usage: bash scripts/codasca_seeds.sh [part ...]
-# with parts: paired adam_pretrain protocol more_orgs paired01 i32 cnn_pre cnn_all (default: all, in that order);
-# "cnn SETUP I" runs one CNN pair (SETUP in base pretrained imratio30 k16).
+# One run at a time, niced (nice -n 10; NICE=5 bash scripts/codasca_seeds.sh ... for nice -n 5); every
+# run uses the vectorised executor (same numbers as the sequential one to ~1e-7 AUROC, about 1.6x faster).
+# Usage: bash scripts/codasca_seeds.sh [part ...] with parts: paired adam_pretrain protocol more_orgs
+# paired01 i32 cnn_pre cnn_all (default: all, in that order);
+# "cnn SETUP I" runs one CNN pair (SETUP in base pretrained imratio30 k16) with seed 0, or seed S with SEED=S.
 set -u
-F="nice -n 10 ${FEDRISK:-.venv/bin/fedrisk} run --quiet"
+F="nice -n ${NICE:-10} ${FEDRISK:-.venv/bin/fedrisk} run --quiet"
 X="--set run.executor=vectorized"
 R=runs/codasca_seeds
 I256="--set algorithm.window=256 --set run.rounds=8 --set run.eval_every=1"
@@ -52,16 +53,17 @@ i32() {  # the hard set-up at I = 32 (64 rounds), seeds 0-4
     done; done
 }
 C=runs/codasca_cnn
-cnn() {  # the paper's protocol with the CNN (configs/codasca/fmnist_ih*.toml), seed 0: cnn <set-up> <I>
-    local setup=$1 I=$2 cfg=configs/codasca/fmnist_ih.toml extra=()
+cnn() {  # the paper's protocol with the CNN (configs/codasca/fmnist_ih*.toml): cnn <set-up> <I>; seed $SEED (0)
+    local setup=$1 I=$2 cfg=configs/codasca/fmnist_ih.toml extra=() seed=${SEED:-0}
     case $setup in
         imratio30) cfg=configs/codasca/fmnist_ih_imratio30.toml ;;
         k16) cfg=configs/codasca/fmnist_ih_k16.toml ;;
         pretrained) extra=(--set run.init_from=$C/pretrain_central_cnn) ;;
     esac
     for alg in codaplus codasca; do
-        one $C/s0/${setup}_${alg}_I$I $cfg --set algorithm.name=$alg --set algorithm.window=$I \
-            --set run.rounds=$((2048 / I)) --set run.eval_every=$((256 / I > 0 ? 256 / I : 1)) "${extra[@]}"
+        one $C/s$seed/${setup}_${alg}_I$I $cfg --set algorithm.name=$alg --set algorithm.window=$I \
+            --set run.rounds=$((2048 / I)) --set run.eval_every=$((256 / I > 0 ? 256 / I : 1)) \
+            --set run.seed=$seed "${extra[@]}"
     done
 }
 cnn_pre() {  # stage 1 of the two-stage recipe for the CNN: central Adam pre-training
@@ -76,7 +78,7 @@ cnn_all() {
     cnn k16 128
 }
 more_orgs() {
-    [ -d runs/codasca_more_orgs_protocol ] || nice -n 10 ${FEDRISK:-.venv/bin/fedrisk} sweep \
+    [ -d runs/codasca_more_orgs_protocol ] || nice -n ${NICE:-10} ${FEDRISK:-.venv/bin/fedrisk} sweep \
         configs/codasca/more_orgs.toml --out runs/codasca_more_orgs_protocol 2>/dev/null
 }
 [ $# -eq 0 ] && set -- paired adam_pretrain protocol more_orgs paired01 i32 cnn_all

@@ -1,9 +1,11 @@
 """Test AUROC against local iterations for CODA+ / CODASCA runs named ``<setup>_<algorithm>_I<window>``.
 
     python scripts/plot_codasca_windows.py runs/codasca_window docs/results/img/codasca_window_claim.png
+    python scripts/plot_codasca_windows.py runs/codasca_cnn/s0 out.png imratio30 k16   # only these set-ups
 
-One panel per set-up; CODA+ dashed, CODASCA solid, one colour per window; prints the final
-AUROC of every run as a Markdown table.
+One panel per set-up (every set-up in the folder, or only those named after the output file);
+CODA+ dashed, CODASCA solid, one colour per window; prints the final AUROC of every run as a
+Markdown table.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ NAME = re.compile(r"^(?P<setup>.+)_(?P<alg>codaplus|codasca)_I(?P<window>\d+)$")
 LABEL = {"codaplus": "CODA+", "codasca": "CODASCA"}
 
 
-def main(folder: str, out: str) -> None:
+def main(folder: str, out: str, *only: str) -> None:
     runs: dict[str, dict[tuple[str, int], list[dict]]] = defaultdict(dict)
     for run in sorted(Path(folder).iterdir()):
         m = NAME.match(run.name)
-        if not m or not (run / "summary.json").is_file():
+        if not m or not (run / "summary.json").is_file() or (only and m["setup"] not in only):
             continue
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
         runs[m["setup"]][(m["alg"], int(m["window"]))] = rows
@@ -62,4 +64,4 @@ def main(folder: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:])

@@ -50,3 +50,34 @@ def test_pairs_by_seed_and_reports_the_paired_statistics(tmp_path, capsys):
     assert cells[5] == "+0.0017 ± 0.0025"
     assert cells[6] == "2/3"
     assert float(cells[7]) == pytest.approx(0.370, abs=2e-3)
+
+
+def test_recorded_values_fill_in_and_runs_on_disk_replace_them(tmp_path, capsys):
+    pytest.importorskip("scipy")
+    csv = tmp_path / "recorded.csv"
+    csv.write_text(
+        "model,setup,window,seed,algorithm,final_test_auroc\n"
+        "cnn,k16,128,0,codaplus,0.9400\n"
+        "cnn,k16,128,0,codasca,0.9410\n"
+        "cnn,base,32,0,codaplus,0.9405\n"
+        "cnn,base,32,0,codasca,0.9397\n"
+    )
+    _run(tmp_path / "cnn_runs", 0, "k16_codasca_I128", [0.5, 0.9430])  # replaces the recorded 0.9410
+    _run(tmp_path / "cnn_runs", 0, "imratio30_codaplus_I128", [0.95])  # unpaired: left out
+    module = _script()
+    data = module.gather([f"cnn={tmp_path / 'cnn_runs'}"], str(csv))
+    assert data[("cnn k16", 128)][0] == {"codaplus": 0.94, "codasca": 0.943}
+    assert data[("cnn base", 32)][0] == {"codaplus": 0.9405, "codasca": 0.9397}
+
+    module.cli([f"cnn={tmp_path / 'cnn_runs'}", "--recorded", str(csv), "--plot", str(tmp_path / "p.png")])
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| cnn")]
+    cells = {r.split("|")[1].strip() + " " + r.split("|")[2].strip(): r.split("|")[6].strip() for r in rows}
+    assert cells == {"cnn base 32": "-0.0008", "cnn k16 128": "+0.0030"}
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_recorded_csv_names_a_bad_algorithm(tmp_path):
+    csv = tmp_path / "recorded.csv"
+    csv.write_text("model,setup,window,seed,algorithm,final_test_auroc\nmlp,hard,256,0,coda,0.9\n")
+    with pytest.raises(SystemExit, match="algorithm 'coda' is not one of"):
+        _script().recorded(csv)
