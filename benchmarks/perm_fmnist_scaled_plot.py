@@ -36,8 +36,8 @@ def parse_cell(cell: str) -> tuple[float, float]:
     return float(m.group(1)), float(m.group(2) or 0.0)
 
 
-def read_table(doc: Path, heading: str = "### 3.3") -> list[dict[str, object]]:
-    """Rows of the first ``| method |`` table after ``heading``."""
+def markdown_table(doc: Path, heading: str) -> list[dict[str, str]]:
+    """Rows (column name -> cell) of the first ``| method |`` table after the line starting with ``heading``."""
     lines = doc.read_text(encoding="utf-8").splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(heading))
     head = next(i for i in range(start, len(lines)) if lines[i].startswith("| method |"))
@@ -46,7 +46,14 @@ def read_table(doc: Path, heading: str = "### 3.3") -> list[dict[str, object]]:
     for line in lines[head + 2 :]:
         if not line.startswith("|"):
             break
-        cells = dict(zip(cols, (c.strip() for c in line.strip("|").split("|")), strict=True))
+        rows.append(dict(zip(cols, (c.strip() for c in line.strip("|").split("|")), strict=True)))
+    return rows
+
+
+def read_table(doc: Path, heading: str = "### 3.3") -> list[dict[str, object]]:
+    """Rows of the first ``| method |`` table after ``heading``."""
+    rows = []
+    for cells in markdown_table(doc, heading):
         rows.append(
             {
                 "method": cells["method"].replace("†", "").strip(),

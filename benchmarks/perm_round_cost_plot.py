@@ -17,20 +17,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from perm_fmnist_scaled_plot import markdown_table
 
 
 def read_costs(doc: Path, heading: str = "## 5.") -> list[tuple[str, float]]:
     """(method, time relative to FedAvg) per row of the section's ``| method |`` table."""
-    lines = doc.read_text(encoding="utf-8").splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(heading))
-    head = next(i for i in range(start, len(lines)) if lines[i].startswith("| method |"))
-    rows = []
-    for line in lines[head + 2 :]:
-        if not line.startswith("|"):
-            break
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        rows.append((cells[0], float(cells[-1])))
-    return rows
+    return [(cells["method"], float(list(cells.values())[-1])) for cells in markdown_table(doc, heading)]
 
 
 def main() -> None:
