@@ -320,3 +320,140 @@ def test_bucketing_uses_the_callers_generator() -> None:
     assert len(set(fixed)) == 1  # no generator: the same buckets every call
     drawn = {agg(r, "w", gen=torch.Generator().manual_seed(s)).item() for s in range(20)}
     assert len(drawn) > 1
+
+
+# ----------------------------------------------------------------------------- pinned by mutation testing
+# Each test below failed on a mutant of `scripts/mutation.py algorithms` that the tests above
+# let survive (docs/reliability.md, "The algorithms scope").
+PURE_RULES = {
+    "mean": mean,
+    "coordinate_median": coordinate_median,
+    "trimmed_mean": lambda x: trimmed_mean(x, 0),
+    "krum": lambda x: krum(x, 0),
+    "geometric_median": geometric_median,
+    "centered_clipping": centered_clipping,
+}
+
+
+@pytest.mark.parametrize("rule", PURE_RULES)
+def test_bad_rows_errors_name_the_rule_and_what_came(rule: str) -> None:
+    with pytest.raises(FedriskError, match=rf"^{rule}: replies must be a floating tensor of shape \(n, d\); got list$"):
+        PURE_RULES[rule]([[1.0]])
+    with pytest.raises(FedriskError, match=rf"^{rule}: replies \[1\] \(row numbers\) contain NaN/inf.*"
+                       r"nonfinite='exclude'\)$"):  # fmt: skip
+        PURE_RULES[rule](torch.tensor([[0.0], [math.nan], [1.0], [2.0]]))
+
+
+@pytest.mark.parametrize("rule,call", [("trimmed_mean", lambda f: trimmed_mean(torch.zeros(5, 1), f)),
+                                       ("krum", lambda f: krum(torch.zeros(5, 1), f))])  # fmt: skip
+def test_f_errors_name_the_rule(rule: str, call) -> None:
+    for bad in (-1, True, 1.0):
+        with pytest.raises(FedriskError, match=rf"^{rule}: f = {bad!r} is not allowed; it must be an integer >= 0"):
+            call(bad)
+
+
+def test_f_zero_is_allowed_and_trimmed_mean_zero_is_the_mean() -> None:
+    x = torch.tensor([[1.0, 2.0], [3.0, 6.0], [8.0, -1.0]], dtype=D)
+    assert trimmed_mean(x, 0).tolist() == [4.0, 7.0 / 3.0]
+    assert krum(x, 0).tolist() == [1.0, 2.0]  # n - 2 = 1 neighbour: scores 20, 20, 58; the lower index
+    assert TrimmedMean(f=0).f == 0 and Krum(f=0).f == 0
+
+
+def test_multi_krum_m_bounds() -> None:
+    x = torch.tensor([[0.0], [1.0], [2.0], [3.0], [1e6]], dtype=D)
+    assert multi_krum(x, 1, 5).tolist() == [(6.0 + 1e6) / 5]  # m = n is allowed
+    for bad in (0, 6, True):
+        with pytest.raises(FedriskError, match=rf"^multi_krum: m = {bad!r} is not allowed with n = 5 replies"):
+            multi_krum(x, 1, bad)
+
+
+def test_weiszfeld_and_clipping_option_checks() -> None:
+    x = torch.tensor([[0.0], [1.0], [5.0]], dtype=D)
+    # one Weiszfeld step from the mean 2: weights 1/2, 1, 1/3 -> (1 + 5/3) / (11/6) = 16/11
+    assert geometric_median(x, max_iter=1).tolist() == pytest.approx([16 / 11], abs=1e-12)
+    assert centered_clipping(x, iters=1).tolist() == [1.0 + (0.0 - 1.0 + 0.0 + 1.0) / 3]
+    for bad in (0, 1.5, True):
+        with pytest.raises(FedriskError, match=rf"^geometric_median: max_iter = {bad!r} must be an integer >= 1$"):
+            geometric_median(x, max_iter=bad)
+        with pytest.raises(FedriskError, match=rf"^centered_clipping: iters = {bad!r} must be an integer >= 1$"):
+            centered_clipping(x, iters=bad)
+    with pytest.raises(FedriskError, match=r"eps = 0\.0 must be > 0"):
+        geometric_median(x, eps=0.0)
+    for bad in (True, "1", math.inf):
+        with pytest.raises(FedriskError, match=r"^centered_clipping: tau = .* it must be a finite number > 0$"):
+            centered_clipping(x, tau=bad)
+
+
+def test_centered_clipping_pinned_values() -> None:
+    x = torch.tensor([[0.0], [1.0], [2.0], [10.0]], dtype=D)
+    # from the median 1.5: differences -1.5, -0.5, 0.5, 8.5 clipped to [-1, 1]: mean 0 -> 1.5, then stays
+    assert centered_clipping(x).tolist() == [1.5]
+    # from 0: +(0 + 1 + 1 + 1) / 4 = 0.75, then (-0.75, 0.25, 1, 1) / 4 = 0.375 -> 1.125
+    assert centered_clipping(x, tau=1.0, iters=2, center=torch.zeros(1)).tolist() == [1.125]
+    assert centered_clipping(x, tau=2.0, iters=1, center=torch.zeros(1)).tolist() == [1.25]
+    assert centered_clipping(x, center=torch.zeros(1, dtype=torch.float32)).dtype == D
+    # in 2-d the differences are clipped onto a ball (not per coordinate) and averaged per coordinate
+    y = torch.tensor([[0.0, 0.0], [4.0, 0.0], [4.0, 0.0], [3.0, 4.0]], dtype=D)
+    got = centered_clipping(y, iters=1, center=torch.zeros(2, dtype=D))
+    assert got.tolist() == pytest.approx([(1.0 + 1.0 + 0.6) / 4, 0.8 / 4], abs=1e-15)
+
+
+def test_aggregator_classes_pass_their_options_to_the_rule() -> None:
+    rows = [[0.0, 1.0], [1.0, 3.0], [2.0, -1.0], [4.0, 0.5], [40.0, 9.0], [5.0, 5.0], [-3.0, 2.0]]
+    rows = torch.tensor(rows, dtype=D)
+    r = InMemoryReplies({k: {"w": rows[k]} for k in range(7)})
+    cases = [
+        (TrimmedMean(), trimmed_mean(rows, 1)),
+        (TrimmedMean(f=2), trimmed_mean(rows, 2)),
+        (Krum(), krum(rows, 1)),
+        (MultiKrum(), multi_krum(rows, 1)),
+        (MultiKrum(f=2), multi_krum(rows, 2)),
+        (MultiKrum(f=1, m=2), multi_krum(rows, 1, 2)),
+        (GeometricMedian(), geometric_median(rows)),
+        (GeometricMedian(tol=1e-2, max_iter=3, eps=0.5), geometric_median(rows, tol=1e-2, max_iter=3, eps=0.5)),
+        (CenteredClipping(), centered_clipping(rows)),
+        (CenteredClipping(tau=0.25, iters=5), centered_clipping(rows, tau=0.25, iters=5)),
+    ]
+    for agg, expected in cases:
+        assert torch.equal(agg(r, "w"), expected), agg
+    assert not torch.equal(multi_krum(rows, 1, 2), multi_krum(rows, 1))  # the options matter here
+    assert not torch.equal(geometric_median(rows, tol=1e-2, max_iter=3, eps=0.5), geometric_median(rows))
+    assert repr(MultiKrum(f=2, m=3)) == "MultiKrum(f=2, m=3, nonfinite='raise', pre='none')"
+    defaults = "tol=1e-07, max_iter=1000, eps=1e-08, nonfinite='raise', pre='none'"
+    assert repr(GeometricMedian()) == f"GeometricMedian({defaults})"
+    assert repr(CenteredClipping(tau=2)) == "CenteredClipping(tau=2.0, iters=3, nonfinite='raise', pre='none')"
+    with pytest.raises(FedriskError, match=r"^m = -1 is out of range; allowed: \[0, inf\)$"):
+        MultiKrum(m=-1)
+    with pytest.raises(FedriskError, match=r"^f = -1 is out of range; allowed: \[0, inf\)$"):
+        MultiKrum(f=-1)
+
+
+def test_aggregator_defaults_and_row_handling() -> None:
+    agg = TrimmedMean()
+    assert (agg.f, agg.nonfinite, agg.pre, agg.bucket_size, agg.seed) == (1, "raise", "none", 2, 0)
+    with pytest.raises(FedriskError, match=r"^nonfinite = 'ignore' is not allowed; valid choices: raise, exclude$"):
+        Krum(nonfinite="ignore")
+    with pytest.raises(FedriskError, match=r"^pre = 'x' is not allowed; valid choices: none, bucketing, nnm$"):
+        Krum(pre="x")
+    for bad in (0, 1.5):
+        with pytest.raises(FedriskError, match=rf"^bucket_size = {bad!r} is not allowed; it must be an integer >= 1$"):
+            Krum(bucket_size=bad)
+    one = InMemoryReplies({3: {"w": {"a": torch.tensor([2.0, 1.0])}}})
+    assert AGGREGATORS.get("median")()(one, "w")["a"].tolist() == [2.0, 1.0]  # a single reply
+    mixed = InMemoryReplies({0: {"w": torch.tensor([math.nan])}, 1: {"w": torch.tensor([4.0])}})
+    assert AGGREGATORS.get("median")(nonfinite="exclude")(mixed, "w").tolist() == [4.0]
+    with pytest.raises(FedriskError, match=r"^median: the replies of clients \[0\] contain NaN/inf \(set nonfinite"):
+        AGGREGATORS.get("median")()(mixed, "w")
+    nan_only = InMemoryReplies({0: {"w": torch.tensor([math.nan])}})
+    with pytest.raises(FedriskError, match=r"^median: every reply contains NaN/inf; nothing left to aggregate$"):
+        AGGREGATORS.get("median")(nonfinite="exclude")(nan_only, "w")
+    with pytest.raises(FedriskError, match=r"^median: no replies to aggregate$"):
+        AGGREGATORS.get("median")()(InMemoryReplies({}), "w")
+    # default bucketing seed 0, and nnm with a rule that has no f mixes with f = 0 (all n rows)
+    rows = torch.tensor([[float(k) ** 2] for k in range(6)], dtype=D)
+    r = InMemoryReplies({k: {"w": rows[k]} for k in range(6)})
+    bucketed = coordinate_median(bucketing(rows, 2, torch.Generator().manual_seed(0)))
+    assert torch.equal(AGGREGATORS.get("median")(pre="bucketing")(r, "w"), bucketed)
+    mixed_all = coordinate_median(nearest_neighbor_mixing(rows, 0))
+    assert torch.equal(AGGREGATORS.get("median")(pre="nnm")(r, "w"), mixed_all)
+    assert not torch.equal(mixed_all, coordinate_median(nearest_neighbor_mixing(rows, 1)))

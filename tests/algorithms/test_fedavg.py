@@ -7,6 +7,7 @@ The reference below re-implements one round with plain ``torch.autograd`` (not t
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -54,11 +55,13 @@ def local_sgd(model, anchor, samples, idx, lr, mu=0.0):
     return w, sum(losses) / len(losses)
 
 
-def reference_round(model, params, fed, seed, r, clients, *, lr, steps, bs, weighting, mu=0.0):
+def reference_round(
+    model, params, fed, seed, r, clients, *, lr, steps, bs, weighting, mu=0.0, sampling="with_replacement"
+):
     """The averaged client model of round ``r`` (before the server step)."""
     locals_, sizes = {}, {}
     for k in clients:
-        idx = sample_batches(client_generator(seed, r, k), fed.client_sizes[k], steps, bs)
+        idx = sample_batches(client_generator(seed, r, k), fed.client_sizes[k], steps, bs, sampling)
         locals_[k], _ = local_sgd(model, params, fed.clients[k], idx, lr, mu)
         sizes[k] = fed.client_sizes[k] if weighting == "samples" else 1.0
     total = sum(sizes.values())
@@ -299,3 +302,68 @@ def test_bucketing_under_fedavg_draws_new_buckets_every_round() -> None:
     for _ in range(3):
         sim.step()
     assert len(seen) == 3 and len(set(seen)) == 3  # one generator per round
+
+
+# ----------------------------------------------------------------------------- pinned by mutation testing
+# Each test below failed on a mutant of `scripts/mutation.py algorithms` that the tests above
+# let survive (docs/reliability.md, "The algorithms scope").
+def test_shuffle_sampling_reaches_the_local_steps() -> None:
+    model, fed = mlp(), federation((6, 9))
+    alg = FedAvg(model=model, loss=cross_entropy, lr=0.2, local_steps=3, batch_size=4, sampling="shuffle")
+    sim = Simulation(alg, fed, seed=3, dtype=F64)
+    w = sim.server_state["params"]
+    sim.step()
+    kw = {"lr": 0.2, "steps": 3, "bs": 4, "weighting": "samples"}
+    assert_close(sim.server_state["params"], reference_round(model, w, fed, 3, 0, [0, 1], sampling="shuffle", **kw))
+    plain = reference_round(model, w, fed, 3, 0, [0, 1], **kw)
+    assert max(float((plain[k] - sim.server_state["params"][k]).abs().max()) for k in w) > 1e-3
+
+
+def test_a_custom_server_optimiser_sees_the_current_params() -> None:
+    """Decoupled weight decay on the server: the step reads the params it is applied to."""
+    from fedrisk.algorithms.server_opt import ServerOpt
+
+    def update(delta, state, params):  # type: ignore[no-untyped-def]
+        return {k: delta[k] - 0.1 * params[k] for k in delta}, state
+
+    decay = ServerOpt(lambda params: {}, update)
+    model, fed = mlp(), federation((5, 7))
+    alg = FedAvg(model=model, loss=cross_entropy, lr=0.2, local_steps=2, batch_size=3, server_opt=decay)
+    sim = Simulation(alg, fed, seed=1, dtype=F64)
+    w = sim.server_state["params"]
+    sim.step()
+    avg = reference_round(model, w, fed, 1, 0, [0, 1], lr=0.2, steps=2, bs=3, weighting="samples")
+    assert_close(sim.server_state["params"], {k: avg[k] - 0.1 * w[k] for k in w})
+
+
+def test_fedavg_hands_the_client_state_to_its_correction_and_keeps_it() -> None:
+    """A subclass with a per-client correction: its state reaches ``local_correction`` and comes
+    back unchanged (FedAvg's own update does not touch it)."""
+    from fedrisk.tree import tree_map
+
+    class AnchoredToStart(FedAvg):  # FedProx's pull, towards the client's first model
+        def init_client(self, ctx, client, params):  # type: ignore[no-untyped-def]
+            return {"anchor": params}
+
+        def local_correction(self, payload, state):  # type: ignore[no-untyped-def]
+            return lambda params, g: tree_map(lambda gi, p, a: gi + 0.5 * (p - a), g, params, state["anchor"])
+
+    model, fed = mlp(), federation((5, 7))
+    kw = {"model": model, "loss": cross_entropy, "lr": 0.2, "local_steps": 2, "batch_size": 3}
+    sim = Simulation(AnchoredToStart(**kw), fed, seed=2, dtype=F64)
+    prox = Simulation(FedProx(mu=0.5, **kw), fed, seed=2, dtype=F64)
+    start = sim.server_state["params"]
+    sim.step()
+    prox.step()
+    assert_close(sim.server_state["params"], prox.server_state["params"])  # round 0: anchor = broadcast
+    sim.step()
+    for k in range(2):
+        assert_close(sim.client_states[k]["anchor"], start, tol=0.0)
+
+
+def test_fedprox_mu_is_checked() -> None:
+    for bad in (-0.5, math.nan):
+        with pytest.raises(FedriskError, match=r"^mu = "):
+            FedProx(model=mlp(), loss=cross_entropy, mu=bad)
+    with pytest.raises(FedriskError, match=r"^unknown weighting 'size'. Valid choices: samples, uniform$"):
+        FedAvg(model=mlp(), loss=cross_entropy, weighting="size")

@@ -218,5 +218,40 @@ def test_bad_hyper_parameters(kwargs: dict, needle: str) -> None:
 
 def test_too_many_clients_per_round() -> None:
     alg = Scaffold(model=Linear(), loss=mean_squared_error, clients_per_round=5)
-    with pytest.raises(FedriskError, match="clients_per_round"):
+    with pytest.raises(FedriskError, match=r"^clients_per_round = 5 is out of range"):
         Simulation(alg, least_squares((3, 3)))
+
+
+# ----------------------------------------------------------------------------- pinned by mutation testing
+# Each test below failed on a mutant of `scripts/mutation.py algorithms` that the tests above
+# let survive (docs/reliability.md, "The algorithms scope").
+def test_first_round_with_samples_weighting_is_sample_weighted_fedavg() -> None:
+    fed = least_squares((3, 7, 12))  # unequal sizes, so the two weightings differ
+    kw = {"model": Linear(), "loss": mean_squared_error, "lr": 0.05, "local_steps": 3, "batch_size": 4}
+    a = Simulation(Scaffold(weighting="samples", **kw), fed, seed=2, dtype=F64)
+    b = Simulation(FedAvg(weighting="samples", **kw), fed, seed=2, dtype=F64)
+    u = Simulation(FedAvg(weighting="uniform", **kw), fed, seed=2, dtype=F64)
+    for sim in (a, b, u):
+        sim.step()
+    assert torch.allclose(a.server_state["params"]["w"], b.server_state["params"]["w"], rtol=0, atol=1e-14)
+    assert float((a.server_state["params"]["w"] - u.server_state["params"]["w"]).norm()) > 1e-3
+
+
+def test_client_sampling_follows_the_seed_not_the_global_rng() -> None:
+    fed = least_squares((4, 4, 4, 4, 4))
+    chosen = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        alg = Scaffold(model=Linear(), loss=mean_squared_error, lr=0.05, batch_size=2, clients_per_round=2)
+        sim = Simulation(alg, fed, seed=0, dtype=F64)
+        chosen.append([sim.step().clients for _ in range(6)])
+    assert chosen[0] == chosen[1]
+    assert len({tuple(c) for c in chosen[0]}) > 1
+
+
+def test_one_client_per_round_and_the_loss_metric() -> None:
+    alg = Scaffold(model=Linear(), loss=mean_squared_error, lr=0.05, batch_size=2, clients_per_round=1)
+    report = Simulation(alg, least_squares((4, 4, 4)), seed=0, dtype=F64).step()
+    assert len(report.clients) == 1 and set(report.train_metrics) == {"loss"}
+    with pytest.raises(FedriskError, match=r"^clients_per_round = 0 is out of range"):
+        Scaffold(model=Linear(), loss=mean_squared_error, clients_per_round=0)  # at construction, before any data

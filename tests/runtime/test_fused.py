@@ -133,3 +133,35 @@ def test_vectorized_executor_uses_the_fused_path_for_fedavg_and_fedprox(monkeypa
     for name in ("fused", "vmap"):
         for k, v in results["sequential"].items():
             torch.testing.assert_close(results[name][k], v, rtol=1e-10, atol=1e-12)
+
+
+@dataclass(frozen=True)
+class _PullToPayload(FedAvg):
+    """A correction that reads the payload and the client state (neither FedAvg's nor FedProx's)."""
+
+    def local_correction(self, payload, state):
+        anchor, mu = payload["params"], state.get("mu", 0.1)
+        return lambda params, g: {k: g[k] + mu * (params[k] - anchor[k]) for k in g}
+
+
+@pytest.mark.parametrize(("algorithm", "options"), [(FedAvg, {}), (FedProx, {"mu": 0.7})])
+def test_block_update_is_each_clients_client_update(algorithm, options) -> None:
+    """Called directly (the executor falls back to vmap when it returns None or raises, so a
+    broken fast path would otherwise only cost speed): the block's reply, state and metrics."""
+    model = FunctionalModel(build_model("mlp", (2, 3), 4, hidden=[6]))
+    params = model.init_params(0, dtype=torch.float64)
+    sizes = [6, 4]
+    x, y, idx = _block(torch.float64, sizes)
+    alg = algorithm(model=model, loss=cross_entropy, lr=0.3, local_steps=4, batch_size=3, **options)
+    payload, data = {"params": params}, LocalData(x, y, torch.tensor(sizes))
+    out = alg.block_update(None, payload, data, {"batches": idx})
+    assert out is not None and set(out.reply) == {"params"} and out.state == {} and set(out.metrics) == {"loss"}
+    for i, s in enumerate(sizes):
+        one = alg.client_update(None, payload, {}, LocalData(x[i, :s], y[i, :s], torch.tensor(s)), {"batches": idx[i]})
+        for k in params:
+            torch.testing.assert_close(out.reply["params"][k][i], one.reply["params"][k], rtol=1e-11, atol=1e-13)
+        torch.testing.assert_close(out.metrics["loss"][i], one.metrics["loss"], rtol=1e-11, atol=1e-13)
+    with local.fast_paths(fused=False):
+        assert alg.block_update(None, payload, data, {"batches": idx}) is None
+    other = _PullToPayload(model=model, loss=cross_entropy, lr=0.3, local_steps=4, batch_size=3)
+    assert other.block_update(None, payload, data, {"batches": idx}) is None  # no fused program for it
