@@ -5,18 +5,31 @@ scope found alive (docs/reliability.md, "Mutation testing"); each turned red on 
   groups, each with its own constants (``_signature``).
 * The client-by-client re-run of a block whose ``vmap`` raised gives ``client_update`` the
   round's context (``_run_sequentially``).
+* The fast paths are the ones taken (the second run): a batched-draw algorithm draws once per
+  block with the block's generator, a draw without the block dimension is refused, and FedAvg's
+  blocks run its fused ``block_update``, not ``vmap``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import torch
 
 from fedrisk.algorithms.base import Algorithm, ClientResult, FedInfo, LocalData, RoundContext, RoundPlan
+from fedrisk.algorithms.fedavg import FedAvg
+from fedrisk.algorithms.local import fast_paths
+from fedrisk.data.federation import Federation, Samples
+from fedrisk.errors import FedriskError
+from fedrisk.models import FunctionalModel, build_model
+from fedrisk.objectives.supervised import cross_entropy
+from fedrisk.rng import client_generator
+from fedrisk.runtime import vectorized
 from fedrisk.runtime.executor import SequentialExecutor
+from fedrisk.runtime.simulation import Simulation
 from fedrisk.runtime.vectorized import VectorizedExecutor
 
 N = 4
@@ -62,3 +75,79 @@ def test_constants_in_states_and_the_fallback_context(fail: int | None) -> None:
         assert got.states[k]["tag"] == want.states[k]["tag"] == k % 2
         assert torch.equal(got.states[k]["w"], want.states[k]["w"])
         assert torch.equal(got.states[k]["w"], torch.full((1,), float(k) + k % 2 + 3, dtype=F64))
+
+
+# ----------------------------------------------------------------------------- the fast paths
+# The executor falls back silently (client-by-client draws, vmap instead of a block_update) when a
+# fast path raises, so a broken fast path keeps every number right and only costs speed.
+SIZES = (5, 9, 4, 7, 6, 8)
+
+
+def _federation() -> Federation:
+    g = torch.Generator().manual_seed(0)
+    rows = [(torch.randn(n, 3, generator=g, dtype=F64), torch.randint(0, 2, (n,), generator=g)) for n in SIZES]
+    clients = [Samples(x, y) for x, y in rows]
+    return Federation("toy", clients, num_classes=2)
+
+
+CALLS: list[tuple[Any, ...]] = []
+
+
+@dataclass(frozen=True)
+class _DrawSpy(FedAvg):
+    def draw(self, ctx, client, num_samples, rng):  # type: ignore[no-untyped-def]
+        out = super().draw(ctx, client, num_samples, rng)
+        CALLS.append((ctx.round, client.tolist() if isinstance(client, torch.Tensor) else client, num_samples))
+        return out
+
+
+def _fedavg(cls: type[FedAvg] = FedAvg) -> FedAvg:
+    model = FunctionalModel(build_model("logreg", (3,), 2))
+    return cls(model=model, loss=cross_entropy, lr=0.1, local_steps=2, batch_size=3)
+
+
+def test_batched_draw_is_one_call_per_block_with_the_blocks_generator() -> None:
+    CALLS.clear()
+    sim = Simulation(_fedavg(_DrawSpy), _federation(), seed=5, dtype=F64, executor=VectorizedExecutor(block_size=4))
+    sim.step()
+    sim.step()
+    assert [(r, ids) for r, ids, _ in CALLS] == [(0, [0, 1, 2, 3]), (0, [4, 5]), (1, [0, 1, 2, 3]), (1, [4, 5])]
+    assert [n.tolist() for _, _, n in CALLS] == [list(SIZES[:4]), list(SIZES[4:])] * 2
+    # the block's generator: row i is client i's own draw in that round
+    alg, block = _fedavg(), torch.tensor([4, 5])
+    stacked = alg.draw(None, block, torch.tensor(SIZES[4:]), client_generator(5, 1, [4, 5]))["batches"]
+    for i, k in enumerate((4, 5)):
+        assert torch.equal(stacked[i], alg.draw(None, k, SIZES[k], client_generator(5, 1, k))["batches"])
+
+
+@dataclass(frozen=True)
+class _UnbatchedDraw(FedAvg):
+    leaf: str = "shape"
+
+    def draw(self, ctx, client, num_samples, rng):  # type: ignore[no-untyped-def]
+        out = super().draw(ctx, client, num_samples, rng)
+        if isinstance(client, torch.Tensor):  # a block: return a leaf without the block dimension
+            return {"batches": out["batches"][0]} if self.leaf == "shape" else {**out, "steps": 2}
+        return out
+
+
+@pytest.mark.parametrize(("leaf", "described"), [("shape", r"Tensor \(2, 3\)"), ("int", r"int \(\)")])
+def test_a_batched_draw_of_the_wrong_shape_is_refused(leaf: str, described: str) -> None:
+    alg = _UnbatchedDraw(model=FunctionalModel(build_model("logreg", (3,), 2)), loss=cross_entropy, leaf=leaf,
+                         lr=0.1, local_steps=2, batch_size=3)  # fmt: skip
+    sim = Simulation(alg, _federation(), seed=0, dtype=F64, executor=VectorizedExecutor(block_size=4))
+    expected = r"^algorithm 'fedavg' sets batched_draw = True but its draw for a block of 4 clients returned "
+    with pytest.raises(FedriskError, match=expected + rf"a leaf that is not a tensor \[4, \.\.\.\] \({described}\)"):
+        sim.step()
+
+
+def test_fedavg_blocks_run_the_fused_program_not_vmap(monkeypatch: pytest.MonkeyPatch) -> None:
+    vmapped: list[int] = []
+    original = vectorized.vmap
+    monkeypatch.setattr(vectorized, "vmap", lambda *a, **kw: vmapped.append(1) or original(*a, **kw))
+    sim = Simulation(_fedavg(), _federation(), seed=0, dtype=F64, executor=VectorizedExecutor(block_size=4))
+    sim.step()
+    assert vmapped == []  # both blocks: FedAvg.block_update
+    with fast_paths(fused=False):
+        sim.step()
+    assert vmapped == [1, 1]
