@@ -367,3 +367,16 @@ def test_fedprox_mu_is_checked() -> None:
             FedProx(model=mlp(), loss=cross_entropy, mu=bad)
     with pytest.raises(FedriskError, match=r"^unknown weighting 'size'. Valid choices: samples, uniform$"):
         FedAvg(model=mlp(), loss=cross_entropy, weighting="size")
+
+
+@pytest.mark.parametrize("cls", [FedAvg, FedProx])
+def test_evaluation_scores_the_server_model(cls) -> None:
+    from fedrisk.runtime.evaluation import evaluate, score_split
+
+    base = federation((6, 8))
+    fed = Federation("toy", base.clients, num_classes=C, test=base.clients[1])
+    sim = Simulation(cls(model=mlp(), loss=cross_entropy, lr=0.2, batch_size=3), fed, seed=0, dtype=F64)
+    sim.step()
+    got = evaluate(sim.algorithm, sim.server_state, sim.client_states, fed, ["accuracy"], personal=False)
+    expected = score_split(sim.algorithm, sim.server_state["params"], fed.test, ["accuracy"])
+    assert got == {"test_accuracy": expected["accuracy"]}

@@ -255,3 +255,9 @@ def test_one_client_per_round_and_the_loss_metric() -> None:
     assert len(report.clients) == 1 and set(report.train_metrics) == {"loss"}
     with pytest.raises(FedriskError, match=r"^clients_per_round = 0 is out of range"):
         Scaffold(model=Linear(), loss=mean_squared_error, clients_per_round=0)  # at construction, before any data
+
+
+def test_the_global_model_is_the_server_model() -> None:
+    sim = Simulation(Scaffold(model=Linear(), loss=mean_squared_error, lr=0.05, batch_size=2), least_squares((6, 8)))
+    sim.step()
+    assert sim.algorithm.global_params(sim.server_state) is sim.server_state["params"]  # what evaluation scores
