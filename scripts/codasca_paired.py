@@ -13,6 +13,11 @@ a finished run on disk replaces its recorded value.  Prints a Markdown table per
 the seeds, each method's mean ± sample std, the difference CODASCA − CODA+ as mean ± sample std,
 how many seeds have it > 0, and the paired t-test's two-sided p-value (scipy.stats.ttest_rel).
 With ``--plot``, also plots the per-seed differences, one column per (set-up, window).
+
+``--windows SETUP`` (e.g. ``"cnn base"``) prints instead one row per window of that set-up: each
+method's mean ± std over seeds and its mean change from the same seed's I = 1 run (CODASCA with
+I = 1 and η_g = 1 is CODA+ exactly, so the I = 1 run of either method is the baseline of both);
+``--windows-plot PNG`` draws final AUROC against I for both methods.
 """
 
 from __future__ import annotations
@@ -104,6 +109,60 @@ def table(data: Runs) -> dict[str, list[float]]:
     return diffs
 
 
+def baseline(by_seed: dict[int, dict[str, float]]) -> dict[int, float]:
+    """The I = 1 final AUROC per seed (either method's run: the two are the same algorithm)."""
+    return {s: v.get("codaplus", v.get("codasca")) for s, v in by_seed.items() if v}
+
+
+def window_table(data: Runs, setup: str) -> dict[str, dict[int, list[float]]]:
+    """Print one row per window of ``setup``; return ``{alg: {window: [final AUROC per seed]}}``."""
+    windows = sorted(w for (name, w) in data if name == setup)
+    if 1 not in windows:
+        raise SystemExit(f"no I = 1 run of set-up {setup!r}: the window table compares with it")
+    base = baseline(data[(setup, 1)])
+    print(f"{setup}; the I = 1 baseline has seeds {','.join(map(str, sorted(base)))}\n")
+    print("| I | seeds | CODA+ | CODASCA | CODA+ − I=1 | CODASCA − I=1 |")
+    print("|---:|---|---:|---:|---:|---:|")
+    values: dict[str, dict[int, list[float]]] = {alg: {} for alg in ALGORITHMS}
+    for w in windows:
+        by_seed = data[(setup, w)]
+        cells, changes = [], []
+        for alg in ALGORITHMS:
+            seeds = sorted(s for s, v in by_seed.items() if alg in v or (w == 1 and v))
+            xs = [by_seed[s][alg] if alg in by_seed[s] else base[s] for s in seeds]
+            values[alg][w] = xs
+            cells.append(mean_std(xs) if xs else "–")
+            d = [by_seed[s].get(alg, base[s]) - base[s] for s in seeds if s in base]
+            changes.append(mean_std(d, "+") if d and w != 1 else "–")
+        seeds = sorted(by_seed)
+        print(f"| {w} | {','.join(map(str, seeds))} | {cells[0]} | {cells[1]} | {changes[0]} | {changes[1]} |")
+    return values
+
+
+def window_plot(values: dict[str, dict[int, list[float]]], setup: str, out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for i, (alg, label) in enumerate(zip(ALGORITHMS, ("CODA+", "CODASCA"))):
+        ws = [w for w, xs in values[alg].items() if xs]
+        shift = 0.93 if i == 0 else 1.07  # the two methods side by side
+        for w in ws:
+            ax.plot([w * shift] * len(values[alg][w]), values[alg][w], ".", color=f"C{i}", alpha=0.5)
+        means = [statistics.mean(values[alg][w]) for w in ws]
+        ax.plot([w * shift for w in ws], means, "o-", color=f"C{i}", label=f"{label} (mean)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("window I (local iterations per round, same total T)")
+    ax.set_ylabel("final test AUROC")
+    ax.set_title(f"{setup}: final AUROC against the window (dots: seeds)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def plot(diffs: dict[str, list[float]], out: str) -> None:
     import matplotlib
 
@@ -139,7 +198,14 @@ def cli(argv: list[str] | None = None) -> None:
     parser.add_argument("folders", nargs="+", help="FOLDER or NAME=FOLDER holding s<seed>/<setup>_<alg>_I<window>")
     parser.add_argument("--recorded", help="CSV of final AUROCs recorded earlier, for runs not on disk")
     parser.add_argument("--plot", help="PNG of the per-seed differences")
+    parser.add_argument("--windows", metavar="SETUP", help="one row per window of SETUP, against I = 1")
+    parser.add_argument("--windows-plot", metavar="PNG", help="with --windows: final AUROC against I")
     args = parser.parse_args(argv)
+    if args.windows:
+        values = window_table(gather(args.folders, args.recorded), args.windows)
+        if args.windows_plot:
+            window_plot(values, args.windows, args.windows_plot)
+        return
     if len(args.folders) == 2 and args.folders[1].endswith(".png") and not args.plot:  # the old form: FOLDER PNG
         args.folders, args.plot = args.folders[:1], args.folders[1]
     main(args.folders[0], args.plot, *args.folders[1:], recorded_csv=args.recorded)

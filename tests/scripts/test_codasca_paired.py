@@ -81,3 +81,25 @@ def test_recorded_csv_names_a_bad_algorithm(tmp_path):
     csv.write_text("model,setup,window,seed,algorithm,final_test_auroc\nmlp,hard,256,0,coda,0.9\n")
     with pytest.raises(SystemExit, match="algorithm 'coda' is not one of"):
         _script().recorded(csv)
+
+
+def test_window_table_compares_each_seed_with_its_own_i1_run(tmp_path, capsys):
+    _run(tmp_path, 0, "base_codasca_I1", [0.90])  # I = 1: either method's run is the baseline of both
+    _run(tmp_path, 1, "base_codaplus_I1", [0.92])
+    for seed, (a, b) in enumerate([(0.91, 0.93), (0.90, 0.95)]):
+        _run(tmp_path, seed, "base_codaplus_I8", [a])
+        _run(tmp_path, seed, "base_codasca_I8", [b])
+    _run(tmp_path, 0, "other_codaplus_I8", [0.5])  # another set-up: not in the table
+    module = _script()
+    module.cli([str(tmp_path), "--windows", "base", "--windows-plot", str(tmp_path / "w.png")])
+    rows = [
+        [c.strip() for c in r.strip("|").split("|")]
+        for r in capsys.readouterr().out.splitlines()
+        if r[:3] == "| 1" or r[:3] == "| 8"
+    ]
+    assert rows[0] == ["1", "0,1", "0.9100 ± 0.0141", "0.9100 ± 0.0141", "–", "–"]
+    # changes per seed: CODA+ +0.01, -0.02; CODASCA +0.03, +0.03
+    assert rows[1] == ["8", "0,1", "0.9050 ± 0.0071", "0.9400 ± 0.0141", "-0.0050 ± 0.0212", "+0.0300 ± 0.0000"]
+    assert (tmp_path / "w.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="no I = 1 run of set-up 'other'"):
+        module.cli([str(tmp_path), "--windows", "other"])
