@@ -151,3 +151,26 @@ def test_fedavg_blocks_run_the_fused_program_not_vmap(monkeypatch: pytest.Monkey
     with fast_paths(fused=False):
         sim.step()
     assert vmapped == [1, 1]
+
+
+def test_memory_estimates_read_the_first_client_and_the_largest_participant() -> None:
+    """``bytes_per_client`` and ``largest_leaf_per_client`` (the block-size heuristics): the
+    payload and state of the round's first client, the rows of its largest participant."""
+    data = [
+        LocalData(torch.zeros(n, 3, dtype=F64), torch.zeros(n, dtype=torch.long), torch.tensor(n)) for n in (4, 9, 6)
+    ]
+    states = {0: {"c": torch.zeros(5, 7, dtype=F64)}, 1: {}, 2: {}}  # the first client, 0, has a state
+    plan = RoundPlan([0, 2], broadcast={"w": torch.zeros(3, dtype=F64)})
+    ex = VectorizedExecutor()
+    row = ex._store_of(data).row_bytes
+    assert row == 3 * 8 + 8
+    assert (
+        ex.bytes_per_client(plan, states, data)
+        == vectorized.PARAM_COPIES * (3 * 8 + 35 * 8) + vectorized.DATA_COPIES * 6 * row
+    )
+    assert ex.largest_leaf_per_client(plan, states, data) == 35 * 8  # the state's 5 x 7 leaf, above 6 rows
+    wide = RoundPlan([0, 1], broadcast={"w": torch.zeros(3, dtype=F64)})
+    assert ex.largest_leaf_per_client(wide, states, data) == 9 * row  # client 1's 9 padded rows
+    assert (
+        ex.bytes_per_client(RoundPlan([]), states, data) == ex.largest_leaf_per_client(RoundPlan([]), states, data) == 1
+    )
