@@ -115,3 +115,17 @@ def test_unusable_snapshots_everywhere_name_both(tiny, tmp_path, monkeypatch):
     both = r"no usable checkpoint: .*client-\d+\.pt\) is missing; .*snapshots/snap-\w+ are missing"
     with pytest.raises(FedriskError, match=both):
         run_experiment(cfg, out, resume=True, progress="none")
+
+
+def test_vectorized_disk_states_equal_memory(tiny, tmp_path):
+    """Under the vectorised executor each block's new states are staged as files and renamed
+    into place when the round is applied: the run equals the sequential run in memory."""
+    memory = run_experiment(resolve_config(_scaffold(tiny, "memory")), tmp_path / "memory", progress="none")
+    tiny["run"]["executor"] = "vectorized"
+    disk = run_experiment(resolve_config(_scaffold(tiny, "disk")), tmp_path / "disk", progress="none")
+    assert disk.summary["rounds"] == 5
+    assert len(list((tmp_path / "disk" / "client_states").glob("client-*.pt"))) == tiny["data"]["num_clients"]
+    want, got = without_time(records(memory.path)), without_time(records(disk.path))
+    assert len(got) == len(want) and all(g.keys() == w.keys() for g, w in zip(got, want))
+    for g, w in zip(got, want):
+        assert g == pytest.approx(w, rel=1e-6, abs=1e-9)

@@ -88,3 +88,21 @@ def test_a_blocks_replies_are_released_when_it_is_buffered():
     assert first.stacked is None and block.data_ptr() not in [x.data_ptr() for x in collected.buffer]
     collected.append(_chunk([2, 3], g))
     assert torch.equal(collected.replies().stacked("d")[:2], block)
+
+
+def test_each_chunks_states_are_staged_as_it_arrives():
+    """``run.client_states = "disk"``: a block's new states go to the stage callback when the
+    block is appended (in the block's client order) and the chunk keeps only placeholders."""
+    g = torch.Generator().manual_seed(0)
+    staged: list[tuple[int, dict]] = []
+    collected = _RoundChunks([1, 2, 3, 4], stage=lambda k, state: staged.append((k, state)))
+    first = _chunk([3, 1], g)
+    first.states = [{"c": torch.tensor([3.0])}, {"c": torch.tensor([1.0])}]
+    collected.append(first)
+    assert [(k, s["c"].item()) for k, s in staged] == [(3, 3.0), (1, 1.0)]
+    assert first.states == [{}, {}]
+    second = _chunk([2, 4], g)
+    second.states = [{"c": torch.tensor([2.0])}, {"c": torch.tensor([4.0])}]
+    collected.append(second)
+    assert [k for k, _ in staged] == [3, 1, 2, 4] and second.states == [{}, {}]
+    assert collected.replies().clients == [1, 2, 3, 4]
