@@ -106,3 +106,26 @@ def test_each_chunks_states_are_staged_as_it_arrives():
     collected.append(second)
     assert [k for k, _ in staged] == [3, 1, 2, 4] and second.states == [{}, {}]
     assert collected.replies().clients == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("case", sorted(set(CASES) - {"ragged blocks"}))
+def test_replies_of_one_structure_are_stacked_in_client_order(case):
+    """An independent reference: the rows of each client, in client order, stacked (fallback
+    chunks whose replies share the blocks' structure included)."""
+    round_clients, spec = CASES[case]
+    g = torch.Generator().manual_seed(len(case))
+    chunks = [_chunk(c, g, w, s) if c else _Chunk([], None, {}, [], []) for c, w, s in spec]
+    rows = {}
+    for c in chunks:
+        for i, k in enumerate(c.clients):
+            rows[k] = c.stacked["d"][i].clone() if c.stacked is not None else c.replies[i]["d"].clone()
+    for got in (_assemble_replies(copy.deepcopy(chunks)), _collect(round_clients, chunks)):
+        assert isinstance(got, StackedReplies) and got.clients == sorted(rows)
+        assert torch.equal(got.stacked("d"), torch.stack([rows[k] for k in sorted(rows)]))
+
+
+def _collect(round_clients, chunks):
+    collected = _RoundChunks(round_clients)
+    for c in chunks:
+        collected.append(c)
+    return collected.replies()
