@@ -8,6 +8,9 @@ scope found alive (docs/reliability.md, "Mutation testing"); each turned red on 
 * The fast paths are the ones taken (the second run): a batched-draw algorithm draws once per
   block with the block's generator, a draw without the block dimension is refused, and FedAvg's
   blocks run its fused ``block_update``, not ``vmap``.
+* A block split into vmap groups (states with different keys) selects each group's rows of the
+  block's stacked draws, keeps each group's keys, and its client-by-client re-run passes each
+  client its own payload; the block-size memory estimates are pinned.
 """
 
 from __future__ import annotations
@@ -174,3 +177,47 @@ def test_memory_estimates_read_the_first_client_and_the_largest_participant() ->
     assert (
         ex.bytes_per_client(RoundPlan([]), states, data) == ex.largest_leaf_per_client(RoundPlan([]), states, data) == 1
     )
+
+
+class Grouped(Algorithm):
+    """Batched draws and clients in several vmap groups: client ``k``'s state is ``{"w": t}``
+    (even ``k``) or ``{"v": t}`` (odd ``k``), so a block splits into two groups whose rows of the
+    block's stacked draws must be selected; its payload ``{"p": k}`` is its own; ``fail`` makes
+    that client raise under vmap too (as ``Tagged``), so its group re-runs client by client."""
+
+    name = "grouped"
+    batched_draw = True
+
+    def __init__(self, fail: int | None = None) -> None:
+        self.fail = fail
+
+    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: Any) -> dict:
+        ids = torch.as_tensor(client)
+        return {"bad": (ids == (-1 if self.fail is None else self.fail)).to(F64), "id": ids.to(F64)}
+
+    def client_update(
+        self, ctx: RoundContext, payload: Mapping[str, Any], state: Any, data: LocalData, draws: Any
+    ) -> ClientResult:
+        check = torch.linalg.cholesky((1.0 - 2.0 * draws["bad"]) * torch.eye(2, dtype=F64)).sum() * 0.0
+        key = "w" if "w" in state else "v"
+        new = state[key] + payload["p"] + 10.0 * draws["id"] + check
+        return ClientResult({"d": new}, {key: new}, {})
+
+
+@pytest.mark.parametrize("fail", [None, 2])
+def test_groups_select_their_rows_of_the_blocks_draws_and_keep_their_own_keys(fail: int | None) -> None:
+    data = [LocalData(torch.zeros(2, 1, dtype=F64), torch.zeros(2, dtype=torch.long), torch.tensor(2))] * 6
+    states = {k: {("w" if k % 2 == 0 else "v"): torch.full((1,), float(k), dtype=F64)} for k in range(6)}
+    plan = RoundPlan(list(range(6)), per_client={k: {"p": torch.tensor(100.0 * k, dtype=F64)} for k in range(6)})
+    ctx = RoundContext(0, FedInfo(6, (2,) * 6, 2))
+    outs = [
+        ex.run_round(Grouped(fail), ctx, plan, states, data, 0, on_failure="skip")
+        for ex in (SequentialExecutor(), VectorizedExecutor(block_size=6))
+    ]
+    for out in outs:
+        assert out.failed.keys() == ({fail} if fail is not None else set())
+        for k in out.replies.clients:
+            key = "w" if k % 2 == 0 else "v"
+            assert list(out.states[k]) == [key]
+            assert out.states[k][key].tolist() == [k + 100.0 * k + 10.0 * k]
+    assert outs[0].replies.clients == outs[1].replies.clients
