@@ -323,10 +323,18 @@ def tiny_fedavg(cls: type[FedAvg] = FedAvg, **kw: Any) -> FedAvg:
     return cls(model=FunctionalModel(build_model("logreg", (D,), 2)), loss=cross_entropy, lr=0.1, batch_size=2, **kw)
 
 
+@dataclass(frozen=True)
+class NotVectorizableUnexplained(FedAvg):
+    vectorizable: ClassVar[bool] = False
+
+
 def test_not_vectorizable_algorithm_is_refused_with_its_reason() -> None:
     msg = "algorithm 'fedavg' cannot run under executor='vectorized': its local solver calls scipy"
-    with pytest.raises(FedriskError, match=msg):
+    with pytest.raises(FedriskError, match=f"^{msg}. Use executor='sequential' \\(or 'distributed'\\)$"):
         Simulation(tiny_fedavg(NotVectorizable), FED, executor="vectorized")
+    with pytest.raises(FedriskError, match=r"executor='vectorized': no reason given\. Use"):
+        Simulation(tiny_fedavg(NotVectorizableUnexplained), FED, executor="vectorized")
+    assert VectorizedExecutor().memory_budget_mb == 1024.0  # the default: 1 GiB per block
     with pytest.raises(FedriskError, match=msg):
         VectorizedExecutor().prepare(tiny_fedavg(NotVectorizable), [])
 
