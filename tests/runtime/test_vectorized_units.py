@@ -221,3 +221,25 @@ def test_groups_select_their_rows_of_the_blocks_draws_and_keep_their_own_keys(fa
             assert list(out.states[k]) == [key]
             assert out.states[k][key].tolist() == [k + 100.0 * k + 10.0 * k]
     assert outs[0].replies.clients == outs[1].replies.clients
+
+
+def test_the_client_store_names_what_does_not_stack() -> None:
+    def data(n: int, width: int = 3, label_dtype: torch.dtype = torch.long, **attrs: torch.Tensor) -> LocalData:
+        return LocalData(torch.zeros(n, width, dtype=F64), torch.zeros(n, dtype=label_dtype), torch.tensor(n), attrs)
+
+    ex = VectorizedExecutor()
+    with pytest.raises(FedriskError, match=r"^executor 'vectorized' needs at least one client$"):
+        ex._store_of([])
+    tail = r"; make them equal or use executor='sequential'$"
+    head = r"^executor 'vectorized' stacks the clients' data: "
+    with pytest.raises(FedriskError, match=head + r"client 1's x has rows of shape \(4,\) \(torch.float64, cpu\) "
+                       r"but client 0's has \(3,\) \(torch.float64, cpu\)" + tail):  # fmt: skip
+        ex._store_of([data(2), data(3, width=4)])
+    with pytest.raises(FedriskError, match=r"client 1's y has rows of shape \(\) \(torch.int32, cpu\) but client 0's "
+                       r"has \(\) \(torch.int64, cpu\)" + tail):  # fmt: skip
+        ex._store_of([data(2), data(3, label_dtype=torch.int32)])
+    with pytest.raises(FedriskError, match=r"client 1 has attributes \['g'\] but client 0 has \[\]; give every client "
+                       r"the same attributes or use executor='sequential'$"):  # fmt: skip
+        ex._store_of([data(2), data(3, g=torch.zeros(3))])
+    with pytest.raises(FedriskError, match=r"client 1's attrs\['g'\] has rows of shape \(2,\)"):
+        ex._store_of([data(2, g=torch.zeros(2, 1)), data(3, g=torch.zeros(3, 2))])
