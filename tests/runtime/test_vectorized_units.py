@@ -243,3 +243,47 @@ def test_the_client_store_names_what_does_not_stack() -> None:
         ex._store_of([data(2), data(3, g=torch.zeros(3))])
     with pytest.raises(FedriskError, match=r"client 1's attrs\['g'\] has rows of shape \(2,\)"):
         ex._store_of([data(2, g=torch.zeros(2, 1)), data(3, g=torch.zeros(3, 2))])
+
+
+class Faulty(Algorithm):
+    """Client ``k`` behaves by ``codes[k]``: 0 a finite reply, 1 NaN in the first reply leaf
+    only, 2 a finite reply but a NaN new state, 3 finite entries whose sum overflows to inf, 4
+    raises under vmap too (as ``Tagged``), so its group re-runs client by client."""
+
+    name = "faulty"
+
+    def __init__(self, codes: list[int]) -> None:
+        self.codes = codes
+
+    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: Any) -> dict:
+        return {"code": torch.tensor(float(self.codes[client]), dtype=F64)}
+
+    def client_update(
+        self, ctx: RoundContext, payload: Mapping[str, Any], state: Any, data: LocalData, draws: Any
+    ) -> ClientResult:
+        c = draws["code"]
+        check = torch.linalg.cholesky((1.0 - 2.0 * (c == 4).to(F64)) * torch.eye(2, dtype=F64)).sum() * 0.0
+        w = state["w"] + 1.0 + check
+        nan = torch.tensor(float("nan"), dtype=F64)
+        a = torch.where(c == 1, nan, torch.where(c == 3, torch.tensor(1e308, dtype=F64), w))
+        new_state = torch.where(c == 2, nan, w)
+        return ClientResult({"a": a, "b": w}, {"w": new_state}, {})
+
+
+@pytest.mark.parametrize("codes", [[0, 1, 2, 3, 0, 1], [0, 4, 1, 2, 3, 0]], ids=["vmapped", "re-run"])
+def test_nonfinite_replies_and_states_fail_their_client_only(codes: list[int]) -> None:
+    """Under ``skip``: NaN in any reply leaf or in the new state fails the client, a finite reply
+    whose sum overflows does not; the same in a vmapped block and in a re-run one."""
+    n = len(codes)
+    data = [LocalData(torch.zeros(2, 1, dtype=F64), torch.zeros(2, dtype=torch.long), torch.tensor(2))] * n
+    states = {k: {"w": torch.zeros(2, dtype=F64)} for k in range(n)}
+    ctx = RoundContext(0, FedInfo(n, (2,) * n, 2))
+    bad = {k for k, c in enumerate(codes) if c in (1, 2, 4)}
+    for ex in (SequentialExecutor(), VectorizedExecutor(block_size=n)):
+        out = ex.run_round(Faulty(codes), ctx, RoundPlan(list(range(n))), states, data, 0, on_failure="skip")
+        assert set(out.failed) == bad, type(ex).__name__
+        assert out.replies.clients == [k for k in range(n) if k not in bad]
+        for k in out.replies.clients:
+            assert out.states[k]["w"].tolist() == [1.0, 1.0]
+        big = [k for k, c in enumerate(codes) if c == 3]
+        assert out.replies.gather("a")[out.replies.clients.index(big[0])].tolist() == [1e308, 1e308]
