@@ -30,7 +30,7 @@ from fedrisk.errors import FedriskError
 from fedrisk.models import FunctionalModel, build_model
 from fedrisk.objectives.supervised import cross_entropy
 from fedrisk.rng import client_generator
-from fedrisk.runtime import vectorized
+from fedrisk.runtime import ClientFailure, vectorized
 from fedrisk.runtime.executor import SequentialExecutor
 from fedrisk.runtime.simulation import Simulation
 from fedrisk.runtime.vectorized import VectorizedExecutor
@@ -270,10 +270,12 @@ class Faulty(Algorithm):
         return ClientResult({"a": a, "b": w}, {"w": new_state}, {})
 
 
-@pytest.mark.parametrize("codes", [[0, 1, 2, 3, 0, 1], [0, 4, 1, 2, 3, 0]], ids=["vmapped", "re-run"])
+@pytest.mark.parametrize("codes", [[0, 1, 2, 3, 0, 1], [0, 1, 4, 2, 3, 0]], ids=["vmapped", "re-run"])
 def test_nonfinite_replies_and_states_fail_their_client_only(codes: list[int]) -> None:
     """Under ``skip``: NaN in any reply leaf or in the new state fails the client, a finite reply
-    whose sum overflows does not; the same in a vmapped block and in a re-run one."""
+    whose sum overflows does not; the same in a vmapped block and in a re-run one.  Under
+    ``raise`` the first failure in client order stops the round, the NaN reply of client 1
+    before client 2's exception, as the sequential executor does."""
     n = len(codes)
     data = [LocalData(torch.zeros(2, 1, dtype=F64), torch.zeros(2, dtype=torch.long), torch.tensor(2))] * n
     states = {k: {"w": torch.zeros(2, dtype=F64)} for k in range(n)}
@@ -287,3 +289,29 @@ def test_nonfinite_replies_and_states_fail_their_client_only(codes: list[int]) -
             assert out.states[k]["w"].tolist() == [1.0, 1.0]
         big = [k for k, c in enumerate(codes) if c == 3]
         assert out.replies.gather("a")[out.replies.clients.index(big[0])].tolist() == [1e308, 1e308]
+        nan_client = codes.index(1)
+        assert out.failed[nan_client].startswith(f"client {nan_client} replied with NaN/inf values in round 0 (")
+        with pytest.raises(ClientFailure, match=rf"^client {nan_client} replied with NaN/inf values in round 0 "):
+            clean = [0 if c == 2 else c for c in codes]  # the NaN reply is the first failure
+            ex.run_round(Faulty(clean), ctx, RoundPlan(list(range(n))), states, data, 0, on_failure="raise")
+
+
+class Silent(Algorithm):
+    """Empty replies (as local training) and a new state that is NaN for client 1."""
+
+    name = "silent"
+
+    def client_update(
+        self, ctx: RoundContext, payload: Mapping[str, Any], state: Any, data: LocalData, draws: Any
+    ) -> ClientResult:
+        w = state["w"] + 1.0
+        return ClientResult({}, {"w": w / (state["k"] - 1.0) * 0.0 + w}, {})  # 1 / 0 * 0: NaN for client 1
+
+
+def test_a_nan_state_with_an_empty_reply_fails_its_client() -> None:
+    data = [LocalData(torch.zeros(2, 1, dtype=F64), torch.zeros(2, dtype=torch.long), torch.tensor(2))] * 3
+    states = {k: {"w": torch.full((1,), float(k), dtype=F64), "k": torch.tensor(float(k), dtype=F64)} for k in range(3)}
+    ctx = RoundContext(0, FedInfo(3, (2,) * 3, 2))
+    for ex in (SequentialExecutor(), VectorizedExecutor()):
+        out = ex.run_round(Silent(), ctx, RoundPlan([0, 1, 2]), states, data, 0, on_failure="skip")
+        assert set(out.failed) == {1} and out.replies.clients == [0, 2], type(ex).__name__
