@@ -365,7 +365,9 @@ class PythonNumberReply(FedAvg):
 
 def test_python_number_in_a_reply_is_an_error_naming_it() -> None:
     sim = Simulation(tiny_fedavg(PythonNumberReply), FED, executor="vectorized")
-    with pytest.raises(FedriskError, match=r"reply\['steps'\] is a int \(3\).*needs tensor leaves"):
+    with pytest.raises(FedriskError, match=r"^algorithm 'fedavg': reply\['steps'\] is a int \(3\); the vectorised "
+                       r"executor stacks and reduces replies and needs tensor leaves - return torch\.tensor\(\.\.\.\) "
+                       r"instead, or use executor='sequential'$"):  # fmt: skip
         sim.step()
 
 

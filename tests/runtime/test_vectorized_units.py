@@ -177,6 +177,8 @@ def test_memory_estimates_read_the_first_client_and_the_largest_participant() ->
     assert (
         ex.bytes_per_client(RoundPlan([]), states, data) == ex.largest_leaf_per_client(RoundPlan([]), states, data) == 1
     )
+    bare = RoundPlan([1])  # no tensor in the payload or the state: the rows decide
+    assert ex.largest_leaf_per_client(bare, states, data) == 9 * row
 
 
 class Grouped(Algorithm):
@@ -315,3 +317,44 @@ def test_a_nan_state_with_an_empty_reply_fails_its_client() -> None:
     for ex in (SequentialExecutor(), VectorizedExecutor()):
         out = ex.run_round(Silent(), ctx, RoundPlan([0, 1, 2]), states, data, 0, on_failure="skip")
         assert set(out.failed) == {1} and out.replies.clients == [0, 2], type(ex).__name__
+
+
+def test_stacked_replies_check_their_input_and_count_bytes_per_client() -> None:
+    from fedrisk.runtime.vectorized import StackedReplies
+
+    r = StackedReplies([0, 3], {"d": torch.zeros(2, 3), "e": {"f": torch.zeros(2, dtype=F64)}})
+    sizes = r.nbytes()
+    assert sizes == {0: 3 * 4 + 8, 3: 3 * 4 + 8} and all(type(v) is int for v in sizes.values())
+    with pytest.raises(ValueError, match=r"^StackedReplies: clients must be sorted and distinct$"):
+        StackedReplies([3, 0], {"d": torch.zeros(2, 3)})
+    for leaf in (torch.zeros(()), torch.zeros(3, 1), 1.0):
+        with pytest.raises(ValueError, match=r"^StackedReplies: every leaf of 'd' must be a tensor \[2, \.\.\.\]$"):
+            StackedReplies([0, 3], {"d": leaf})
+    with pytest.raises(ValueError, match=r"^no replies to aggregate$"):
+        StackedReplies([], {"d": torch.zeros(0, 3)}).sum("d")
+
+
+class Attributed(Algorithm):
+    """Replies the sum of each client's per-row attribute ``g`` over its rows (padding masked)."""
+
+    name = "attributed"
+
+    def client_update(
+        self, ctx: RoundContext, payload: Mapping[str, Any], state: Any, data: LocalData, draws: Any
+    ) -> ClientResult:
+        return ClientResult({"s": (data.attrs["g"] * data.valid()).sum()}, {}, {})
+
+
+def test_data_attributes_reach_the_vmapped_clients(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_rerun(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the block was re-run client by client")
+
+    monkeypatch.setattr(vectorized, "_run_sequentially", no_rerun)
+    data = [
+        LocalData(torch.zeros(n, 1, dtype=F64), torch.zeros(n, dtype=torch.long), torch.tensor(n),
+                  {"g": torch.arange(n, dtype=F64)})
+        for n in (2, 4, 3)
+    ]  # fmt: skip
+    ctx = RoundContext(0, FedInfo(3, (2, 4, 3), 2))
+    out = VectorizedExecutor().run_round(Attributed(), ctx, RoundPlan([0, 1, 2]), {k: {} for k in range(3)}, data, 0)
+    assert [float(x) for x in out.replies.gather("s")] == [1.0, 6.0, 3.0]
