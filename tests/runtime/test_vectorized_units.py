@@ -358,3 +358,18 @@ def test_data_attributes_reach_the_vmapped_clients(monkeypatch: pytest.MonkeyPat
     ctx = RoundContext(0, FedInfo(3, (2, 4, 3), 2))
     out = VectorizedExecutor().run_round(Attributed(), ctx, RoundPlan([0, 1, 2]), {k: {} for k in range(3)}, data, 0)
     assert [float(x) for x in out.replies.gather("s")] == [1.0, 6.0, 3.0]
+
+
+def test_run_round_defaults_to_raise_and_checks_the_algorithm_itself() -> None:
+    data = [LocalData(torch.zeros(2, 1, dtype=F64), torch.zeros(2, dtype=torch.long), torch.tensor(2))] * 2
+    states = {k: {"w": torch.zeros(2, dtype=F64)} for k in range(2)}
+    ctx = RoundContext(0, FedInfo(2, (2, 2), 2))
+    with pytest.raises(ClientFailure, match=r"^client 1 replied with NaN/inf values in round 0"):
+        VectorizedExecutor().run_round(Faulty([0, 1]), ctx, RoundPlan([0, 1]), states, data, 0)
+
+    class Scalar(Faulty):
+        vectorizable = False
+        not_vectorizable_reason = "it calls scipy"
+
+    with pytest.raises(FedriskError, match=r"cannot run under executor='vectorized': it calls scipy"):
+        VectorizedExecutor().run_round(Scalar([0, 0]), ctx, RoundPlan([0, 1]), states, data, 0)  # without prepare
