@@ -804,8 +804,9 @@ def _run_sequentially(
             raise
         except Exception as exc:
             if on_failure == "raise":
-                for j, earlier in enumerate(chunk.clients):  # an earlier NaN reply stops the round first,
-                    check_reply(earlier, ctx.round, (chunk.replies[j], chunk.states[j]), on_failure)  # as in order
+                # an earlier client's NaN reply stops the round first, as in the sequential executor
+                for j, earlier in enumerate(chunk.clients):
+                    check_reply(earlier, ctx.round, (chunk.replies[j], chunk.states[j]), on_failure)
                 raise ClientFailure(
                     f"client {k} failed in round {ctx.round}: {exc!r} (found by re-running the vectorised "
                     f"block of clients {members} one by one)"
