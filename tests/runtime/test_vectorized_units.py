@@ -5,12 +5,17 @@ scope found alive (docs/reliability.md, "Mutation testing"); each turned red on 
   groups, each with its own constants (``_signature``).
 * The client-by-client re-run of a block whose ``vmap`` raised gives ``client_update`` the
   round's context (``_run_sequentially``).
-* The fast paths are the ones taken (the second run): a batched-draw algorithm draws once per
-  block with the block's generator, a draw without the block dimension is refused, and FedAvg's
-  blocks run its fused ``block_update``, not ``vmap``.
+* The fast paths are the ones taken: a batched-draw algorithm draws once per block with the
+  block's generator (a draw without the block dimension is refused), FedAvg's blocks run its
+  fused ``block_update``, not ``vmap``, and data attributes reach vmapped clients.
 * A block split into vmap groups (states with different keys) selects each group's rows of the
   block's stacked draws, keeps each group's keys, and its client-by-client re-run passes each
-  client its own payload; the block-size memory estimates are pinned.
+  client its own payload.
+* NaN in one reply leaf or in a new state fails only that client (a finite reply whose sum
+  overflows does not), vmapped or re-run; under ``raise`` the first failure in client order
+  stops the round.
+* The block-size memory estimates, ``StackedReplies``' and the client store's input checks, and
+  ``run_round``'s defaults.
 """
 
 from __future__ import annotations
