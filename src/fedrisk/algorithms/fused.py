@@ -77,7 +77,7 @@ def fused_layers(model: object, loss: Callable[..., Tensor]) -> list[tuple[str, 
         bias = "linear.bias" if module.linear.bias is not None else None
         return [("linear.weight", bias)]
     if type(module) is MLP:
-        return [(f"{name}.weight", f"{name}.bias") for name in module._linear_names]
+        return [(f"{name}.weight", f"{name}.bias") for name in module.linear_names]
     return None
 
 

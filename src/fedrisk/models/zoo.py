@@ -134,7 +134,12 @@ class LogReg(_ZooModel):
 
 
 class MLP(_ZooModel):
-    """Fully connected ReLU network on the flattened input: ``in -> hidden... -> out``."""
+    """Fully connected ReLU network on the flattened input: ``in -> hidden... -> out``.
+
+    ``linear_names`` lists its linear layers' parameter prefixes, input first (``layers.0``,
+    ``layers.2``, ...), for code that works on the layers directly (the fused local SGD of
+    :mod:`fedrisk.algorithms.fused`).
+    """
 
     def __init__(
         self,
@@ -150,7 +155,7 @@ class MLP(_ZooModel):
             layers += [nn.Linear(w_in, w_out), nn.ReLU()]
         layers.append(nn.Linear(widths[-1], num_outputs))
         self.layers = nn.Sequential(*layers)
-        self._linear_names = [f"layers.{i}" for i, m in enumerate(self.layers) if isinstance(m, nn.Linear)]
+        self.linear_names = [f"layers.{i}" for i, m in enumerate(self.layers) if isinstance(m, nn.Linear)]
 
     def forward(self, x: Tensor) -> Tensor:
         return self._finish(self.layers(x.flatten(1)))
@@ -158,8 +163,8 @@ class MLP(_ZooModel):
     def functional_forward(self, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
         """``forward`` as a pure function of ``params`` (skips functional_call's overhead)."""
         h = x.flatten(1)
-        last = len(self._linear_names) - 1
-        for i, name in enumerate(self._linear_names):
+        last = len(self.linear_names) - 1
+        for i, name in enumerate(self.linear_names):
             h = F.linear(h, params[f"{name}.weight"], params[f"{name}.bias"])
             if i < last:
                 h = torch.relu(h)
