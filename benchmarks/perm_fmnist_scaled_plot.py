@@ -24,6 +24,13 @@ import matplotlib.pyplot as plt
 _NUM = re.compile(r"([0-9.]+)(?:\s*±\s*([0-9.]+))?")
 
 
+def save_figure(fig: plt.Figure, out: Path, name: str) -> None:
+    """Write ``fig`` as ``out/name`` (creating ``out``) and say so."""
+    out.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out / name, dpi=110)
+    print(f"wrote {out / name}")
+
+
 def parse_cell(cell: str) -> tuple[float, float]:
     """``'0.8808 ± 0.0031'`` or ``'**0.9737**'`` -> (mean, std); std 0 for a single value.
 
@@ -89,10 +96,7 @@ def main() -> None:
     axes[0].set_yticks(ys, labels, fontsize=8)
     fig.suptitle("Fashion-MNIST, 2 classes per client, 50 clients (scaled: 102 rounds, K = 5); mean ± std over seeds")
     fig.tight_layout()
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "perm_fmnist_scaled.png"
-    fig.savefig(path, dpi=110)
-    print(f"wrote {path}")
+    save_figure(fig, args.out, "perm_fmnist_scaled.png")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from perm_fmnist_scaled_plot import markdown_table
+from perm_fmnist_scaled_plot import markdown_table, save_figure
 
 
 def read_costs(doc: Path, heading: str = "## 5.") -> list[tuple[str, float]]:
@@ -42,10 +42,7 @@ def main() -> None:
     ax.set_xlabel("median seconds per communication round / FedAvg's")
     ax.set_title("Time per round vs FedAvg (synthetic, 20 clients, K = 20)", fontsize=10)
     fig.tight_layout()
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "perm_round_cost.png"
-    fig.savefig(path, dpi=110)
-    print(f"wrote {path}")
+    save_figure(fig, args.out, "perm_round_cost.png")
 
 
 if __name__ == "__main__":

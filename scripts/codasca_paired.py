@@ -128,23 +128,28 @@ def window_table(data: Runs, setup: str) -> dict[str, dict[int, list[float]]]:
         by_seed = data[(setup, w)]
         cells, changes = [], []
         for alg in ALGORITHMS:
-            seeds = sorted(s for s, v in by_seed.items() if alg in v or (w == 1 and v))
-            xs = [by_seed[s][alg] if alg in by_seed[s] else base[s] for s in seeds]
+            seeds = sorted(base if w == 1 else (s for s, v in by_seed.items() if alg in v))
+            xs = [by_seed[s].get(alg, base.get(s)) for s in seeds]  # at I = 1: either method's run
             values[alg][w] = xs
             cells.append(mean_std(xs) if xs else "–")
-            d = [by_seed[s].get(alg, base[s]) - base[s] for s in seeds if s in base]
+            d = [x - base[s] for s, x in zip(seeds, xs) if s in base]
             changes.append(mean_std(d, "+") if d and w != 1 else "–")
         seeds = sorted(by_seed)
         print(f"| {w} | {','.join(map(str, seeds))} | {cells[0]} | {cells[1]} | {changes[0]} | {changes[1]} |")
     return values
 
 
-def window_plot(values: dict[str, dict[int, list[float]]], setup: str, out: str) -> None:
+def _pyplot():  # matplotlib is imported only where a plot is asked for
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def window_plot(values: dict[str, dict[int, list[float]]], setup: str, out: str) -> None:
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for i, (alg, label) in enumerate(zip(ALGORITHMS, ("CODA+", "CODASCA"))):
         ws = [w for w, xs in values[alg].items() if xs]
@@ -164,11 +169,7 @@ def window_plot(values: dict[str, dict[int, list[float]]], setup: str, out: str)
 
 
 def plot(diffs: dict[str, list[float]], out: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(5.0, 1.4 + 0.9 * len(diffs)), 4.0))
     groups = list(dict.fromkeys(k.split(" ")[0] if " " in k.split(" I=")[0] else "" for k in diffs))
     for i, (label, d) in enumerate(diffs.items()):

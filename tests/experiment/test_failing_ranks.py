@@ -23,16 +23,16 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from torch.utils import _pytree as pytree
 
 from fedrisk.cli import main
 from fedrisk.experiment import RunDir, resolve_config, run_experiment
 from fedrisk.experiment.runner import load_checkpoint
 from fedrisk.runtime.distributed import free_port
-from fedrisk.tree import Tree
 
 from .conftest import records, without_time, write_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+from _distributed_cases import assert_same  # the tree comparison of the distributed cases
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the ranks through /proc (Linux)")
@@ -118,17 +118,6 @@ def _check_resumed(tiny: dict, tmp_path: Path, run_dir: Path) -> None:
         assert a["test_log_loss"] == pytest.approx(b["test_log_loss"], rel=1e-9)
 
 
-def _assert_bit_identical(a: Tree, b: Tree, what: str) -> None:
-    la, sa = pytree.tree_flatten(a)
-    lb, sb = pytree.tree_flatten(b)
-    assert sa == sb, f"{what}: structures differ"
-    for x, y in zip(la, lb):
-        if isinstance(x, torch.Tensor):
-            assert isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y), what
-        else:
-            assert x == y, what
-
-
 def _assert_same_run(resumed: Path, uninterrupted: Path, rounds: int) -> None:
     """``resumed`` equals ``uninterrupted`` bit for bit: every metrics record (but its wall
     time) and the final checkpoint's server state, client states and ledger."""
@@ -136,7 +125,7 @@ def _assert_same_run(resumed: Path, uninterrupted: Path, rounds: int) -> None:
     a, b = load_checkpoint(resumed / "checkpoint.pt"), load_checkpoint(uninterrupted / "checkpoint.pt")
     assert a["round"] == b["round"] == rounds
     for part in ("server_state", "client_states", "ledger", "round"):
-        _assert_bit_identical(a["simulation"][part], b["simulation"][part], part)
+        assert_same(a["simulation"][part], b["simulation"][part], rtol=0.0, atol=0.0, path=part)  # bit for bit
 
 
 def test_sigterm_to_one_rank_stops_all_after_one_round_then_resume(tmp_path, tiny):
