@@ -89,13 +89,25 @@ def run_table(summary: dict[str, Any], path: Path) -> str:
         f"finished {summary['algorithm']} on {summary['resolved']['federation']}: {summary['rounds']} rounds in "
         f"{format_duration(summary.get('wall_time'))} (seed {summary['seed']})",
         "",
-        "| metric | final | best (round) |",
-        "|---|---:|---:|",
     ]
+    selected = summary.get("selected")
+    if selected:
+        lines += [f"| metric | final | selected (round {selected['round']}) |", "|---|---:|---:|"]
+    else:
+        lines += ["| metric | final |", "|---|---:|"]
     for k, v in summary["final"].items():
-        best = summary["best"].get(k)
-        shown = f"{format_number(best['value'])} ({best['round']})" if best else "–"
-        lines.append(f"| {k} | {format_number(v)} | {shown} |")
+        row = f"| {k} | {format_number(v)} |"
+        if selected:
+            row += f" {format_number(selected['metrics'].get(k)) if k in selected['metrics'] else '–'} |"
+        lines.append(row)
+    if selected:
+        lines += [
+            "",
+            f"selected: round {selected['round']} by {selected['selected_by']} = {format_number(selected['value'])} "
+            "(run.select_by); its model is in selected.pt (fedrisk evaluate)",
+        ]
+    else:
+        lines += ["", "no model selection (run.select_by: no validation split); the final round is reported"]
     lines += [
         "",
         f"communicated: {summary['bytes_down'] / 1e6:.2f} MB down, {summary['bytes_up'] / 1e6:.2f} MB up",

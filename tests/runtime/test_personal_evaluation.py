@@ -77,7 +77,7 @@ def test_summary_names_the_best_round_apart_and_report_shows_the_personal_table(
     result = run_experiment(cfg, tmp_path / "run", progress="none")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary == json.loads(json.dumps(result.summary))
-    best = summary["best_round"]
+    best = summary["oracle_round"]
     assert best["selected_by"] == "personal_accuracy_mean"
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     top = max(r["personal_accuracy_mean"] for r in records)

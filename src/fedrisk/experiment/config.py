@@ -394,6 +394,88 @@ SCHEMA: dict[str, list[Option]] = {
 ``attack`` also take the named object's own options; ``data.dataset_options`` and
 ``data.partition_options`` are checked against the named loader / partitioner."""
 
+# ----------------------------------------------------------------------------- issue 24: fair comparisons
+# (per-client validation splits and model selection on validation; kept in one place)
+
+SCHEMA["data"].insert(
+    5,
+    _o(
+        "client_validation_fraction",
+        "float",
+        0.0,
+        "share of each client's training rows (after its test split) held out as its personal validation set "
+        "(stratified, seeded by the run's seed)",
+        low=0.0,
+        high=1.0,
+        high_inclusive=False,
+    ),
+)
+SCHEMA["run"].insert(
+    8,
+    _o(
+        "select_by",
+        "str",
+        AUTO,
+        'the validation metric that selects the reported round and the saved model: "validation_<metric>", '
+        '"personal_<metric>_<stat>" (each client\'s own validation split), "none", or "auto" = validation_<first '
+        "metric> with a validation split, else personal_<first metric>_mean with per-client validation splits, "
+        "else none",
+    ),
+)
+
+
+CLIENT_STATS = ("mean", "wmean", "std", "bottom10", "worst")
+"""The per-client summaries of ``fedrisk.runtime.evaluation`` (kept here: no torch import)."""
+
+
+def check_select_by(select_by: str, data: Mapping[str, Any], metrics: Sequence[str] = ()) -> str:
+    """The record key that ``run.select_by`` selects on (``""`` for none), checked against the
+    data's validation splits and, when given, the evaluated ``metrics``.
+
+    ``personal_<metric>_<stat>`` names the per-client validation summaries
+    (``validation_personal_<metric>_<stat>``); a ``test_*`` or training metric is refused.
+
+    Example:
+        >>> check_select_by("personal_auroc_mean", {"validation_fraction": 0.0, "client_validation_fraction": 0.2})
+        'validation_personal_auroc_mean'
+        >>> check_select_by("auto", {"validation_fraction": 0.1, "client_validation_fraction": 0.0}, ["auroc"])
+        'validation_auroc'
+    """
+    glob, per_client = data["validation_fraction"] > 0, data.get("client_validation_fraction", 0.0) > 0
+    if select_by == NONE or (select_by == AUTO and not metrics):
+        return ""
+    if select_by == AUTO:
+        if glob:
+            return f"validation_{metrics[0]}"
+        return f"validation_personal_{metrics[0]}_mean" if per_client else ""
+    key = "validation_" + select_by if select_by.startswith("personal_") else select_by
+    personal = key.startswith("validation_personal_")
+    stat = key.rsplit("_", 1)[-1]
+    if not key.startswith("validation_") or (personal and stat not in CLIENT_STATS):
+        raise FedriskError(
+            f'run.select_by = {select_by!r} is not a validation metric; allowed: "validation_<metric>", '
+            f'"personal_<metric>_<stat>" (stat: {", ".join(CLIENT_STATS)}), "auto" or "none" (selecting on '
+            "test data would report an oracle)"
+        )
+    if personal and not per_client:
+        raise FedriskError(
+            f"run.select_by = {select_by!r} needs per-client validation splits but data.client_validation_fraction "
+            "= 0.0; allowed: set data.client_validation_fraction in (0, 1), or select on validation_<metric>"
+        )
+    if not personal and not glob:
+        raise FedriskError(
+            f"run.select_by = {select_by!r} needs a validation split but data.validation_fraction = 0.0; "
+            'allowed: set data.validation_fraction in (0, 1), or run.select_by = "none"'
+        )
+    metric = key.removeprefix("validation_personal_").rsplit("_", 1)[0] if personal else key[len("validation_") :]
+    if metrics and metric not in metrics:
+        raise FedriskError(
+            f"run.select_by = {select_by!r}: metric {metric!r} is not evaluated on validation; evaluated: "
+            f"{', '.join(metrics)} (add it to run.metrics)"
+        )
+    return key
+
+
 SECTIONS = ("data", "model", "objective", "algorithm", "attack", "run", "output", "sweep")
 OPTIONAL_TABLES = {"data.binarize", "data.feature_noise", "data.label_noise"}
 
@@ -1089,6 +1171,7 @@ def _resolve_run(table: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str,
             'run.splits includes "validation" but data.validation_fraction = 0.0; allowed: set '
             'data.validation_fraction in (0, 1) or evaluate on ["test"] only'
         )
+    check_select_by(out["select_by"], data, out["metrics"])  # issue 24
     if len(set(out["seeds"])) != len(out["seeds"]) or any(s < 0 for s in out["seeds"]):
         raise FedriskError(f"run.seeds = {format_value(out['seeds'])} is not allowed; allowed: distinct integers >= 0")
     return out

@@ -5,8 +5,15 @@
 * personalised models (``Algorithm.personal_params``: client k's own model) on each client's
   own test split, summarised over clients (:func:`client_summary`) as
   ``"personal_{metric}_{stat}"`` with stat ``mean`` (unweighted over clients), ``wmean``
-  (weighted by the clients' test sizes), ``std`` (population std over clients), ``bottom10``
-  (the mean of the worst 10% of clients, at least one) and ``worst``.
+  (weighted by the clients' split sizes), ``std`` (population std over clients), ``bottom10``
+  (the mean of the worst 10% of clients, at least one) and ``worst``;
+* the same on each client's own validation split (``data.client_validation_fraction``) as
+  ``"validation_personal_{metric}_{stat}"``: every key measured on validation data starts with
+  ``validation_``, which is what model selection (``run.select_by``) may read.
+
+A metric that needs both classes (AUROC, partial AUROCs) or positives (AUPRC) on a per-client
+split that lacks them is refused before the run by :func:`check_client_splits`, naming the
+client.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from torch import Tensor
 
 from fedrisk.algorithms.base import Algorithm
 from fedrisk.data.federation import Federation, Samples
+from fedrisk.errors import FedriskError
 from fedrisk.metrics import log_loss, parse_metric
 from fedrisk.tree import Tree
 
@@ -86,6 +94,57 @@ def score_split(algorithm: Algorithm, params: Tree, split: Samples, metrics: Seq
     return out
 
 
+PERSONAL_PREFIX = {"test": "personal_", "validation": "validation_personal_"}
+"""Record-key prefix of the per-client summaries on each client's own test / validation split."""
+
+
+def needs_classes(metric: str) -> tuple[int, ...]:
+    """The label values a binary metric needs present in a split: ``(0, 1)`` for AUROC and the
+    partial AUROCs, ``(1,)`` for AUPRC, ``()`` otherwise.
+
+    Example:
+        >>> needs_classes("auroc"), needs_classes("spauroc:0.3"), needs_classes("auprc"), needs_classes("accuracy")
+        ((0, 1), (0, 1), (1,), ())
+    """
+    kind = metric.partition(":")[0]
+    if kind in ("auroc", "pauroc", "spauroc", "tpauroc"):
+        return (0, 1)
+    return (1,) if kind == "auprc" else ()
+
+
+def check_client_splits(federation: Federation, metrics: Sequence[str]) -> None:
+    """Refuse per-client test / validation splits that lack a class one of ``metrics`` needs
+    (see :func:`needs_classes`), naming the client, before a run spends any time.
+
+    Example:
+        >>> import torch
+        >>> s = Samples(torch.zeros(4, 1), torch.tensor([0, 1, 0, 0]))
+        >>> fed = Federation("toy", [s, s], 2, client_validations=[s.subset([0, 1]), s.subset([2, 3])])
+        >>> check_client_splits(fed, ["accuracy"])
+        >>> check_client_splits(fed, ["auroc"])  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        fedrisk.errors.FedriskError: client 1's validation split (2 rows) has no label 1, which metric 'auroc' ...
+    """
+    if federation.num_classes != 2:
+        return
+    for split in ("validation", "test"):
+        parts = federation.client_splits(split)
+        for k, part in enumerate(parts or []):
+            if len(part) == 0 or part.y.is_floating_point():
+                continue
+            present = set(part.y.reshape(-1).long().unique().tolist())
+            for m in metrics:
+                missing = [c for c in needs_classes(m) if c not in present]
+                if missing:
+                    raise FedriskError(
+                        f"client {k}'s {split} split ({len(part)} rows) has no label {missing[0]}, which metric "
+                        f"{m!r} needs; allowed: splits holding both classes (a larger data.client_{split}_fraction, "
+                        "or a partition that gives every client both classes), or metrics without that need "
+                        "(accuracy, log_loss)"
+                    )
+
+
 def evaluate(
     algorithm: Algorithm,
     server_state: Tree,
@@ -94,12 +153,16 @@ def evaluate(
     metrics: Sequence[str],
     splits: Sequence[str] = ("test",),
     personal: bool | None = None,
+    params: Tree | None = None,
 ) -> dict[str, float]:
     """All requested metrics for the global model on ``splits`` and, when the federation has
-    per-client test splits (and ``personal`` is not False), for every client's own model
-    (``personal_params``: the global model for non-personalised algorithms)."""
+    per-client test / validation splits (and ``personal`` is not False), for every client's own
+    model (``personal_params``: the global model for non-personalised algorithms) on its own
+    test and validation splits.  ``params`` replaces the global model (``fedrisk evaluate``
+    scores a saved model)."""
     out: dict[str, float] = {}
-    params = algorithm.global_params(server_state)
+    if params is None:
+        params = algorithm.global_params(server_state)
     if params is not None:
         for name in splits:
             split = getattr(federation, name)
@@ -109,21 +172,37 @@ def evaluate(
     state_metrics = getattr(algorithm, "state_metrics", None)
     if state_metrics is not None:
         out.update(state_metrics(server_state, federation))
-    # every algorithm is scored per client when the federation has per-client test splits: a
-    # global model's per-client scores are the reference that personalised methods are compared to
+    # every algorithm is scored per client when the federation has per-client splits: a global
+    # model's per-client scores are the reference that personalised methods are compared to
     personal = True if personal is None else personal
-    if personal and federation.client_tests is not None:
-        per_client: dict[str, list[float]] = {m: [] for m in metrics}
-        sizes: list[int] = []
-        for k, test in enumerate(federation.client_tests):
-            if len(test) == 0:
-                continue
-            p = algorithm.personal_params(server_state, client_states[k], k)
-            for m, v in score_split(algorithm, p, test, metrics).items():
-                per_client[m].append(v)
-            sizes.append(len(test))
-        for m, vals in per_client.items():
-            if vals:
-                for stat, v in client_summary(vals, sizes, m in LOWER_IS_BETTER).items():
-                    out[f"personal_{m}_{stat}"] = v
+    if personal:
+        for split in ("test", "validation"):
+            parts = federation.client_splits(split)
+            if parts is not None:
+                out.update(_per_client(algorithm, server_state, client_states, parts, metrics, PERSONAL_PREFIX[split]))
+    return out
+
+
+def _per_client(
+    algorithm: Algorithm,
+    server_state: Tree,
+    client_states: Mapping[int, Tree],
+    parts: Sequence[Samples],
+    metrics: Sequence[str],
+    prefix: str,
+) -> dict[str, float]:
+    per_client: dict[str, list[float]] = {m: [] for m in metrics}
+    sizes: list[int] = []
+    for k, part in enumerate(parts):
+        if len(part) == 0:
+            continue
+        p = algorithm.personal_params(server_state, client_states[k], k)
+        for m, v in score_split(algorithm, p, part, metrics).items():
+            per_client[m].append(v)
+        sizes.append(len(part))
+    out: dict[str, float] = {}
+    for m, vals in per_client.items():
+        if vals:
+            for stat, v in client_summary(vals, sizes, m in LOWER_IS_BETTER).items():
+                out[f"{prefix}{m}_{stat}"] = v
     return out

@@ -1,0 +1,185 @@
+"""Model selection on validation and the budgets a run spends (issue 24: fair comparisons).
+
+* :class:`Selector` (``run.select_by``): after each evaluation, the round whose validation
+  metric beats every earlier one is selected and its model saved to ``DIR/selected.pt``; the
+  summary, ``fedrisk report`` and the sweep tables give the test metrics *at that round* beside
+  the last round.  Selection reads only the validation key, never a test metric.
+* :class:`WorkMeter`: local gradient steps per client and training rows drawn, added to every
+  evaluation record beside the bytes and the wall time, so methods can be compared at equal
+  budgets (``fedrisk report --at steps=...``).
+
+Example:
+    >>> recs = [{"round": 1, "validation_auroc": 0.9, "test_auroc": 0.70},
+    ...         {"round": 2, "validation_auroc": 0.8, "test_auroc": 0.95}]
+    >>> selected_record(recs, "validation_auroc")["test_auroc"]  # not the test-best round 2
+    0.7
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedrisk.api import Callback
+from fedrisk.errors import FedriskError
+from fedrisk.experiment.outputs import atomic_torch_save
+from fedrisk.runtime.evaluation import LOWER_IS_BETTER
+from fedrisk.runtime.simulation import RoundReport, Simulation
+
+
+def lower_is_better(metric: str) -> bool:
+    """``test_log_loss`` -> True (losses are minimised), ``test_accuracy`` -> False."""
+    return any(metric.endswith(name) or f"_{name}_" in metric for name in LOWER_IS_BETTER)
+
+
+def selected_record(records: Sequence[Mapping[str, Any]], key: str) -> dict[str, Any] | None:
+    """The evaluation that ``run.select_by`` (the record key ``key``) selects: the best value,
+    the earliest round among ties, losses minimised; None without one.  Reads only ``key``, so
+    the test metrics of the record it returns never influenced the choice.
+
+    Example:
+        >>> recs = [{"round": 1, "validation_auroc": 0.8, "test_auroc": 0.9},
+        ...         {"round": 2, "validation_auroc": 0.85, "test_auroc": 0.7}]
+        >>> selected_record(recs, "validation_auroc")["round"]
+        2
+    """
+    if not key:
+        return None
+    lower = lower_is_better(key)
+    best: Mapping[str, Any] | None = None
+    for r in records:
+        v = r.get(key)
+        if not isinstance(v, (int, float)) or v != v:
+            continue
+        if best is None or (v < best[key] if lower else v > best[key]):
+            best = r
+    return None if best is None else dict(best)
+
+
+def budget(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The budgets spent up to ``record``: rounds, local steps per client, samples, bytes, seconds."""
+    return {
+        "rounds": record.get("round"),
+        "steps_per_client": record.get("steps_per_client"),
+        "samples_seen": record.get("samples_seen"),
+        "bytes": record.get("bytes_down", 0) + record.get("bytes_up", 0),
+        "wall_time": record.get("wall_time"),
+    }
+
+
+def draw_work(draws: Any, num_samples: int) -> tuple[int, int]:
+    """(local gradient steps, training rows drawn) of one client's round, read from the shapes
+    of its draws: every draw tensor of two or more dimensions is ``[steps, rows, ...]``
+    (minibatch indices, FeDXL's positive / negative picks); a round with no such draw (a
+    full-batch client) counts as one step over all ``num_samples`` rows.
+
+    Example:
+        >>> draw_work({"batches": torch.zeros(5, 32, dtype=torch.long)}, 1000)
+        (5, 160)
+        >>> draw_work({"pos": torch.zeros(3, 4), "neg": torch.zeros(3, 8)}, 100), draw_work({}, 70)
+        ((3, 36), (1, 70))
+    """
+    from fedrisk.tree import tree_leaves
+
+    leaves = [t for t in tree_leaves(draws) if isinstance(t, torch.Tensor) and t.dim() >= 2]
+    if not leaves:
+        return 1, int(num_samples)
+    return max(int(t.shape[0]) for t in leaves), sum(int(t.numel()) for t in leaves)
+
+
+class WorkMeter(Callback):
+    """Counts the computation a run spent and adds it to every evaluation record as
+    ``steps_per_client`` (local gradient steps summed over the clients' rounds, divided by the
+    number of clients) and ``samples_seen`` (training rows drawn, all clients), beside the bytes
+    and the wall time: the budgets that ``fedrisk report --at`` compares methods at.
+
+    A round's work is read from the shapes of the participating clients' draws
+    (:func:`draw_work`; one draw per distinct client size: shapes depend on the round and the
+    size only), so no algorithm needs to report it.  The totals are kept in the checkpoint.
+    """
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.samples = 0
+
+    def on_round_end(self, sim: Simulation, report: RoundReport) -> None:
+        from fedrisk.algorithms.base import RoundContext
+        from fedrisk.rng import client_generator
+
+        ctx = RoundContext(report.round, sim.info, report.kind)
+        by_size: dict[int, list[int]] = {}
+        for k in report.clients:
+            by_size.setdefault(int(sim.data[k].size), []).append(k)
+        for size, ks in by_size.items():
+            draws = sim.algorithm.draw(ctx, ks[0], size, client_generator(sim.seed, report.round, ks[0]))
+            steps, rows = draw_work(draws, size)
+            self.steps += steps * len(ks)
+            self.samples += rows * len(ks)
+
+    def on_evaluation(self, sim: Simulation, record: dict[str, Any]) -> None:
+        record["steps_per_client"] = self.steps / sim.federation.num_clients
+        record["samples_seen"] = self.samples
+
+    def state_dict(self) -> dict[str, int]:
+        return {"steps": self.steps, "samples": self.samples}
+
+    def load_state_dict(self, state: Mapping[str, Any] | None, records: Sequence[Mapping[str, Any]]) -> None:
+        if state:
+            self.steps, self.samples = int(state["steps"]), int(state["samples"])
+
+
+class Selector(Callback):
+    """Model selection on validation (``run.select_by``): after every evaluation, when the
+    record's ``key`` beats every earlier one (strictly: ties keep the earlier round; losses are
+    minimised), the round is selected and its model written to ``path``
+    (:data:`~fedrisk.experiment.outputs.SELECTED_MODEL`, a ``torch.save`` of plain tensors read
+    back with ``weights_only=True``): ``{"round", "selected_by", "value", "global"}`` plus
+    ``"personal"`` (one parameter tree per client) for personalised algorithms.  The selected
+    model is also kept in the checkpoint, so a resumed run selects exactly as an uninterrupted one.
+    """
+
+    def __init__(self, key: str, path: Path, primary: bool = True) -> None:
+        self.key = key
+        self.path = path
+        self.primary = primary
+        self.lower = lower_is_better(key)
+        self.best: dict[str, Any] | None = None
+
+    def on_evaluation(self, sim: Simulation, record: dict[str, Any]) -> None:
+        if self.key not in record:
+            evaluated = [k for k in record if k.startswith("validation_")]
+            raise FedriskError(
+                f"run.select_by: {self.key!r} was not evaluated at round {record.get('round')}; evaluated on "
+                f"validation: {', '.join(evaluated) or '(nothing)'}"
+            )
+        v = record[self.key]
+        if not isinstance(v, (int, float)) or v != v:
+            return
+        if self.best is not None and not (v < self.best["value"] if self.lower else v > self.best["value"]):
+            return
+        alg = sim.algorithm
+        params = alg.global_params(sim.server_state)
+        self.best = {"round": int(record["round"]), "selected_by": self.key, "value": float(v)}
+        self.best["global"] = {} if params is None else params
+        if alg.personalized:
+            states = sim.client_states
+            self.best["personal"] = [
+                alg.personal_params(sim.server_state, states[k], k) for k in range(sim.federation.num_clients)
+            ]
+        self._write()
+
+    def _write(self) -> None:
+        if self.primary and self.best is not None:
+            atomic_torch_save(self.best, self.path)
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return self.best
+
+    def load_state_dict(self, state: Mapping[str, Any] | None, records: Sequence[Mapping[str, Any]]) -> None:
+        self.best = dict(state) if state else None
+        if self.best is not None and self.best.get("selected_by") != self.key:
+            self.best = None
+        self._write()  # a newer file from rounds after the checkpoint is replaced
