@@ -2,10 +2,11 @@
 
 ::
 
-    fedrisk run CONFIG [--set key=value ...] [--out DIR] [--resume | --overwrite] [--plain | --quiet]
+    fedrisk run CONFIG [--set key=value ...] [--variant NAME] [--out DIR] [--resume | --overwrite] [--plain | --quiet]
     fedrisk sweep CONFIG [--set key=value ...] [--grid key=v1,v2 ...] [--seeds N | --seeds 0,3,7]
                   [--jobs J] [--out DIR] [--plain | --quiet]
-    fedrisk report RUN_DIR... [--out DIR] [--metrics m1,m2] [--no-plots]
+    fedrisk report RUN_DIR... [--out DIR] [--metrics m1,m2] [--no-plots] [--at bytes=2e6] [--target m=0.9]
+    fedrisk evaluate RUN_DIR [--split test|validation] [--config OTHER] [--model selected|final]
     fedrisk list [KIND [NAME]]
     fedrisk deploy certs | node-key | register | superlink | supernode | run ...   (fedrisk.deploy.cli)
 
@@ -59,10 +60,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedrisk.experiment.config import load_config
 
     cfg = load_config(args.config, args.set)  # config errors first: the runner imports torch
+    cfg, variant = pick_variant(cfg, args.variant)
     from fedrisk.experiment.outputs import RunDir
     from fedrisk.experiment.runner import check_out_dir, default_out_dir, run_experiment
 
     out = Path(args.out) if args.out else default_out_dir(cfg)
+    if variant and not args.out:
+        out = out / variant
     seeds = cfg["run.seeds"]
     if len(seeds) > 1:
         from fedrisk.experiment.sweep import expand_sweep
@@ -79,6 +83,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result.primary:
         print(run_table(result.summary, result.path))
     return 0
+
+
+def pick_variant(cfg: Any, name: str | None) -> tuple[Any, str]:
+    """The config of sweep variant ``name`` (its overrides applied; the base without a name).
+    A config with variants run without ``--variant`` says which exist and that the base runs."""
+    variants = cfg["sweep.variants"]
+    if name is None:
+        if variants:
+            print(
+                f"note: the config defines sweep variants {', '.join(variants)}; running the base config "
+                "(choose one with --variant NAME, or run them all with `fedrisk sweep`)",
+                file=sys.stderr,
+            )
+        return cfg, ""
+    if name not in variants:
+        allowed = ", ".join(variants) if variants else "(none: the config has no [sweep.variants])"
+        raise FedriskError(f"--variant {name!r} is not a variant of the config; allowed: {allowed}")
+    return cfg.with_overrides(dict(variants[name])), name
 
 
 def run_table(summary: dict[str, Any], path: Path) -> str:
@@ -139,6 +161,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return _sweep(cfg, out, args, grid=grid, variants=cfg["sweep.variants"], seeds=seeds, jobs=jobs)
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from fedrisk.experiment.scoring import evaluate_run
+
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
+    scored = evaluate_run(args.run, split=args.split, config=args.config, model=args.model, metrics=metrics)
+    print(scored.table())
+    return 0
+
+
 def _parse_seeds(text: str) -> int | list[int]:
     try:
         if "," in text or text.startswith("["):
@@ -178,12 +209,18 @@ def _over_seeds(report: Any) -> str:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from fedrisk.experiment.report import make_report
+    from fedrisk.experiment.selection import parse_budget, parse_target
 
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
-    report = make_report(args.runs, out=args.out, metrics=metrics, plots=not args.no_plots)
+    at = [parse_budget(a) for a in args.at]
+    targets = [parse_target(t) for t in args.target]
+    report = make_report(args.runs, out=args.out, metrics=metrics, plots=not args.no_plots, at=at, targets=targets)
     print(f"results ({_over_seeds(report)}):")
     print(report.table)
     print()
+    for table in report.extra_tables:
+        print(table)
+        print()
     for p in report.plots:
         print(f"plot: {p}")
     print(f"report: {report.path}")
@@ -347,6 +384,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run one experiment from a config", description="Run one experiment from a config.")
     p.add_argument("config", metavar="CONFIG", help="a TOML config file")
     set_flag(p)
+    p.add_argument(
+        "--variant",
+        metavar="NAME",
+        help="run one of the config's [sweep.variants] (into runs/<config name>/NAME by default)",
+    )
     p.add_argument("--out", metavar="DIR", help="the run directory (default: output.dir or runs/<config name>)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="continue the interrupted run in --out from its checkpoint")
@@ -383,7 +425,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="where report.md and the plots go (default: the directory given)")
     p.add_argument("--metrics", metavar="M1,M2", help="metrics to tabulate and plot (default: all)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument(
+        "--at",
+        action="append",
+        default=[],
+        metavar="BUDGET=LIMIT",
+        help="also compare at an equal budget: each metric at the last evaluation within it; BUDGET is bytes, "
+        "steps (per client), samples, rounds or seconds, e.g. --at bytes=2e6; repeatable",
+    )
+    p.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="METRIC=VALUE",
+        help="rounds and MB each run needed to reach a value, e.g. --target validation_auroc=0.9; repeatable",
+    )
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser(
+        "evaluate",
+        help="score a finished run's saved model on a split or on other data",
+        description="Score the model of a finished run's validation-selected round (selected.pt), or its final "
+        "model, on the test or validation split of its own data or of another config's [data].",
+    )
+    p.add_argument("run", metavar="RUN_DIR", help="a finished run directory")
+    p.add_argument("--split", default="test", choices=("test", "validation"), help="which split (default: test)")
+    p.add_argument("--config", metavar="OTHER", help="evaluate on the [data] of this config instead of the run's")
+    p.add_argument(
+        "--model", default="selected", choices=("selected", "final"), help="the selected model (default) or the last"
+    )
+    p.add_argument("--metrics", metavar="M1,M2", help="metrics (default: the run's)")
+    p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser(
         "list",

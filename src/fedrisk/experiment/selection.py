@@ -183,3 +183,145 @@ class Selector(Callback):
         if self.best is not None and self.best.get("selected_by") != self.key:
             self.best = None
         self._write()  # a newer file from rounds after the checkpoint is replaced
+
+
+# ----------------------------------------------------------------------------- reading runs back
+
+
+def run_select_key(run: Any) -> str:
+    """The record key a run directory (:class:`~fedrisk.experiment.outputs.RunData`) selected
+    on: its summary's, or for an unfinished run the one its config resolves to (``"auto"``
+    takes the first metric its records evaluate on validation); ``""`` for none."""
+    from fedrisk.experiment.config import AUTO, check_select_by
+
+    chosen = (run.summary or {}).get("selected")
+    if isinstance(chosen, Mapping) and chosen.get("selected_by"):
+        return str(chosen["selected_by"])
+    cfg_run, data = run.config.get("run", {}), run.config.get("data", {})
+    select_by = cfg_run.get("select_by", AUTO)
+    metrics = list(cfg_run.get("metrics") or [])
+    first = run.records[0] if run.records else {}
+    if not metrics:
+        metrics = [k[len("validation_") :] for k in first if k.startswith("validation_") and "personal_" not in k]
+        metrics = metrics or [
+            k[len("validation_personal_") : -len("_mean")]
+            for k in first
+            if k.startswith("validation_personal_") and k.endswith("_mean") and not k.endswith("_wmean")
+        ]
+    fractions = {
+        "validation_fraction": float(data.get("validation_fraction", 0.0)),
+        "client_validation_fraction": float(data.get("client_validation_fraction", 0.0)),
+    }
+    try:
+        return check_select_by(select_by, fractions, metrics) if metrics else ""
+    except FedriskError:
+        return ""
+
+
+BUDGETS = {
+    "bytes": ("bytes communicated (down + up)", True),
+    "steps": ("local gradient steps per client", False),
+    "samples": ("training rows drawn, all clients", True),
+    "rounds": ("communication rounds", True),
+    "seconds": ("wall time", False),
+}
+"""The budgets ``fedrisk report --at NAME=LIMIT`` cuts runs at: name -> (meaning, integral)."""
+
+
+class Budget:
+    """An equal-budget cut: ``bytes=2e6`` keeps the evaluations that had used at most 2e6 bytes.
+
+    Example:
+        >>> b = parse_budget("steps=100")
+        >>> within([{"round": 1, "steps_per_client": 50}, {"round": 2, "steps_per_client": 100},
+        ...         {"round": 3, "steps_per_client": 150}], b)["round"]
+        2
+    """
+
+    def __init__(self, name: str, limit: float) -> None:
+        self.name, self.limit = name, float(limit)
+        self.integral = BUDGETS[name][1]
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ≤ {self.limit:g}"
+
+    def value(self, record: Mapping[str, Any]) -> float | None:
+        """The amount of this budget that ``record`` had used (None when not recorded)."""
+        if self.name == "bytes":
+            return float(record.get("bytes_down", 0) + record.get("bytes_up", 0))
+        key = {"steps": "steps_per_client", "samples": "samples_seen", "rounds": "round", "seconds": "wall_time"}
+        v = record.get(key[self.name])
+        return None if v is None else float(v)
+
+
+def parse_budget(text: str) -> Budget:
+    """``"bytes=2e6"`` -> a :class:`Budget` (names: bytes, steps, samples, rounds, seconds)."""
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    try:
+        limit = float(value)
+    except ValueError:
+        limit = float("nan")
+    if not sep or name not in BUDGETS or not limit >= 0:
+        raise FedriskError(
+            f"--at {text!r} is not allowed; allowed: NAME=LIMIT with NAME one of {', '.join(BUDGETS)} and a number "
+            "LIMIT >= 0, e.g. --at bytes=2e6"
+        )
+    return Budget(name, limit)
+
+
+def within(records: Sequence[Mapping[str, Any]], budget: Budget) -> Mapping[str, Any] | None:
+    """The last evaluation that had used at most ``budget`` (None if even the first used more
+    or the runs did not record that budget).  Budgets only grow, so this is the evaluation a
+    run would have ended with under that budget."""
+    last = None
+    for r in records:
+        v = budget.value(r)
+        if v is None or v > budget.limit:
+            break
+        last = r
+    return last
+
+
+class Target:
+    """A value of a metric to reach: ``validation_auroc=0.9`` is reached at the first
+    evaluation with ``validation_auroc >= 0.9`` (``<=`` for losses)."""
+
+    def __init__(self, metric: str, value: float) -> None:
+        self.metric, self.value = metric, float(value)
+        self.lower = lower_is_better(metric)
+
+    @property
+    def label(self) -> str:
+        return f"{self.metric} {'≤' if self.lower else '≥'} {self.value:g}"
+
+
+def parse_target(text: str) -> Target:
+    """``"validation_auroc=0.9"`` -> a :class:`Target`.
+
+    Example:
+        >>> t = parse_target("test_log_loss=0.3")
+        >>> t.label, reach([{"round": 1, "test_log_loss": 0.5}, {"round": 2, "test_log_loss": 0.25}], t)["round"]
+        ('test_log_loss ≤ 0.3', 2)
+    """
+    metric, sep, value = text.partition("=")
+    try:
+        v = float(value)
+    except ValueError:
+        v = float("nan")
+    if not sep or not metric.strip() or v != v:
+        raise FedriskError(
+            f"--target {text!r} is not allowed; allowed: METRIC=VALUE with a number VALUE, e.g. "
+            "--target validation_auroc=0.9"
+        )
+    return Target(metric.strip(), v)
+
+
+def reach(records: Sequence[Mapping[str, Any]], target: Target) -> Mapping[str, Any] | None:
+    """The first evaluation at or past ``target`` (None if no evaluation reached it)."""
+    for r in records:
+        v = r.get(target.metric)
+        if isinstance(v, (int, float)) and v == v and (v <= target.value if target.lower else v >= target.value):
+            return r
+    return None

@@ -19,7 +19,7 @@ client.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -179,14 +179,36 @@ def evaluate(
         for split in ("test", "validation"):
             parts = federation.client_splits(split)
             if parts is not None:
-                out.update(_per_client(algorithm, server_state, client_states, parts, metrics, PERSONAL_PREFIX[split]))
+                params_of = lambda k: algorithm.personal_params(server_state, client_states[k], k)  # noqa: E731
+                out.update(_per_client(algorithm, params_of, parts, metrics, PERSONAL_PREFIX[split]))
+    return out
+
+
+def score_model(
+    algorithm: Algorithm,
+    federation: Federation,
+    metrics: Sequence[str],
+    split: str,
+    params: Tree | None,
+    personal: Sequence[Tree] | None = None,
+) -> dict[str, float]:
+    """A saved model's scores on ``split`` (``"test"`` / ``"validation"``): the global
+    ``params`` on the federation's global split, and per client (``personal[k]``, or ``params``
+    when None) on the client's own split, with the keys :func:`evaluate` uses."""
+    out: dict[str, float] = {}
+    glob = getattr(federation, split)
+    if params is not None and glob is not None:
+        out.update({f"{split}_{m}": v for m, v in score_split(algorithm, params, glob, metrics).items()})
+    parts = federation.client_splits(split)
+    if parts is not None:
+        pick = (lambda k: personal[k]) if personal is not None else (lambda k: params)
+        out.update(_per_client(algorithm, pick, parts, metrics, PERSONAL_PREFIX[split]))
     return out
 
 
 def _per_client(
     algorithm: Algorithm,
-    server_state: Tree,
-    client_states: Mapping[int, Tree],
+    params_of: Callable[[int], Tree],
     parts: Sequence[Samples],
     metrics: Sequence[str],
     prefix: str,
@@ -196,7 +218,7 @@ def _per_client(
     for k, part in enumerate(parts):
         if len(part) == 0:
             continue
-        p = algorithm.personal_params(server_state, client_states[k], k)
+        p = params_of(k)
         for m, v in score_split(algorithm, p, part, metrics).items():
             per_client[m].append(v)
         sizes.append(len(part))
