@@ -245,7 +245,9 @@ def target_table(groups: Sequence[Group], targets: Sequence[Target]) -> str:
 
 
 def _personal_detail(metric: str) -> bool:
-    """``personal_accuracy_std`` and kin: shown in the personalised table, not the main one."""
+    """``personal_accuracy_std`` and kin (also on the clients' validation splits,
+    ``validation_personal_*``): shown in the personalised table, not the main one."""
+    metric = metric.removeprefix("validation_")
     return (
         metric.startswith("personal_")
         and metric.rsplit("_", 1)[-1] in (*PERSONAL_STATS, "worst")
