@@ -25,7 +25,7 @@ def test_run_writes_every_output(tiny, tmp_path):
     recs = records(rd.path)
     assert [r["round"] for r in recs] == [1, 2, 3, 4]
     expected_keys = ["round", "test_accuracy", "test_log_loss", "bytes_down", "bytes_up", "wall_time", "train_loss"]
-    assert list(recs[0]) == expected_keys + ["steps_per_client", "samples_seen"]
+    assert list(recs[0]) == [*expected_keys, "steps_per_client", "samples_seen"]
     # every client takes 3 local steps of 16 rows per round
     assert [(r["steps_per_client"], r["samples_seen"]) for r in recs] == [(3 * t, 3 * 3 * 16 * t) for t in (1, 2, 3, 4)]
     # 3 clients x 650 float32 parameters of logreg(64 -> 10) down and up every round

@@ -82,8 +82,9 @@ def test_sequential_sweep_report_skip_and_resume(tiny, tmp_path, monkeypatch, ca
     table = result.report.table
     assert table.splitlines()[0] == (
         "| configuration | seeds | rounds | selected test_accuracy | final test_accuracy | selected test_log_loss"
-        " | final test_log_loss | selected validation_accuracy | final validation_accuracy | selected validation_log_loss"
-        " | final validation_log_loss | selected round | steps/client | samples seen | MB communicated | wall time (s) |"
+        " | final test_log_loss | selected validation_accuracy | final validation_accuracy"
+        " | selected validation_log_loss | final validation_log_loss | selected round | steps/client | samples seen"
+        " | MB communicated | wall time (s) |"
     )
     for name in variants:
         selected = [s["selected"]["metrics"]["test_accuracy"] for s in summaries[name]]
