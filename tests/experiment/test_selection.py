@@ -156,3 +156,16 @@ def test_auto_selects_on_the_first_validation_metric_and_none_without_validation
     result = run_experiment(resolve_config(raw), tmp_path / "b", progress="none")
     assert result.summary["selected"] is None and not (tmp_path / "b" / "selected.pt").exists()
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["selected"] is None
+
+
+def test_a_global_split_without_a_class_is_refused_only_when_evaluated() -> None:
+    from fedrisk.data.federation import Federation, Samples
+    from fedrisk.runtime.evaluation import check_client_splits
+
+    both = Samples(torch.zeros(4, 1), torch.tensor([0, 1, 0, 1]))
+    ones = Samples(torch.zeros(3, 1), torch.tensor([1, 1, 1]))
+    fed = Federation("toy", [both, both], 2, validation=ones, test=both)
+    check_client_splits(fed, ["auroc"], ["test"])  # the validation set is not evaluated
+    check_client_splits(fed, ["auprc", "accuracy"], ["test", "validation"])  # AUPRC needs positives only
+    with pytest.raises(FedriskError, match=r"^the validation set \(3 rows\) has no label 0, which metric 'auroc'"):
+        check_client_splits(fed, ["auroc"], ["test", "validation"])

@@ -735,11 +735,11 @@ def _run(
     rounds = cfg["run.rounds"]
     show.elapsed_before = elapsed_before
     metrics = cfg["run.metrics"] or resolve_metrics(sim, None)
-    check_client_splits(sim.federation, metrics)
     select_key = check_select_by(cfg["run.select_by"], cfg.section("data"), metrics)
     splits = list(cfg["run.splits"])
     if select_key.startswith("validation_") and not select_key.startswith("validation_personal_"):
         splits += [] if "validation" in splits else ["validation"]  # selection needs it evaluated
+    check_client_splits(sim.federation, metrics, splits)
     work = WorkMeter()
     selector = Selector(select_key, rd.path / SELECTED_MODEL, primary) if select_key else None
     if ckpt is not None:

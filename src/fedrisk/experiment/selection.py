@@ -160,9 +160,11 @@ class Selector(Callback):
             return
         if self.best is not None and not (v < self.best["value"] if self.lower else v > self.best["value"]):
             return
+        self.best = {"round": int(record["round"]), "selected_by": self.key, "value": float(v)}
+        if not self.primary:  # only the writing process keeps the model (file and checkpoint)
+            return
         alg = sim.algorithm
         params = alg.global_params(sim.server_state)
-        self.best = {"round": int(record["round"]), "selected_by": self.key, "value": float(v)}
         self.best["global"] = {} if params is None else params
         if alg.personalized:
             states = sim.client_states

@@ -112,9 +112,10 @@ def needs_classes(metric: str) -> tuple[int, ...]:
     return (1,) if kind == "auprc" else ()
 
 
-def check_client_splits(federation: Federation, metrics: Sequence[str]) -> None:
-    """Refuse per-client test / validation splits that lack a class one of ``metrics`` needs
-    (see :func:`needs_classes`), naming the client, before a run spends any time.
+def check_client_splits(federation: Federation, metrics: Sequence[str], splits: Sequence[str] = ()) -> None:
+    """Refuse per-client test / validation splits (and the global ``splits`` evaluated) that
+    lack a class one of ``metrics`` needs (see :func:`needs_classes`), naming the client, before
+    a run spends any time.
 
     Example:
         >>> import torch
@@ -129,8 +130,16 @@ def check_client_splits(federation: Federation, metrics: Sequence[str]) -> None:
     if federation.num_classes != 2:
         return
     for split in ("validation", "test"):
-        parts = federation.client_splits(split)
-        for k, part in enumerate(parts or []):
+        named = [
+            (f"client {k}'s {split} split", p, f"data.client_{split}_fraction")
+            for k, p in enumerate(federation.client_splits(split) or [])
+        ]
+        glob = getattr(federation, split) if split in splits else None
+        if glob is not None:
+            named.insert(
+                0, (f"the {split} set", glob, "data.validation_fraction" if split == "validation" else "the test set")
+            )
+        for where, part, fix in named:
             if len(part) == 0 or part.y.is_floating_point():
                 continue
             present = set(part.y.reshape(-1).long().unique().tolist())
@@ -138,10 +147,9 @@ def check_client_splits(federation: Federation, metrics: Sequence[str]) -> None:
                 missing = [c for c in needs_classes(m) if c not in present]
                 if missing:
                     raise FedriskError(
-                        f"client {k}'s {split} split ({len(part)} rows) has no label {missing[0]}, which metric "
-                        f"{m!r} needs; allowed: splits holding both classes (a larger data.client_{split}_fraction, "
-                        "or a partition that gives every client both classes), or metrics without that need "
-                        "(accuracy, log_loss)"
+                        f"{where} ({len(part)} rows) has no label {missing[0]}, which metric {m!r} needs; allowed: "
+                        f"splits holding both classes (a larger {fix}, or a partition that gives every client both "
+                        "classes), or metrics without that need (accuracy, log_loss)"
                     )
 
 
