@@ -72,22 +72,27 @@ def budget(record: Mapping[str, Any]) -> dict[str, Any]:
 
 def draw_work(draws: Any, num_samples: int) -> tuple[int, int]:
     """(local gradient steps, training rows drawn) of one client's round, read from the shapes
-    of its draws: every draw tensor of two or more dimensions is ``[steps, rows, ...]``
-    (minibatch indices, FeDXL's positive / negative picks); a round with no such draw (a
-    full-batch client) counts as one step over all ``num_samples`` rows.
+    of its draws: a draw tensor of two or more dimensions is ``[steps, rows, ...]`` (minibatch
+    indices, FeDXL's positive / negative picks); a one-dimensional one is one pass over its rows
+    (CODA's dual-reset batch); a round without draw tensors (a full-batch client) counts as
+    one step over all ``num_samples`` rows.  An algorithm whose draws do not show its work may
+    define ``work(ctx, draws, num_samples) -> (steps, rows)`` instead.
 
     Example:
         >>> draw_work({"batches": torch.zeros(5, 32, dtype=torch.long)}, 1000)
         (5, 160)
         >>> draw_work({"pos": torch.zeros(3, 4), "neg": torch.zeros(3, 8)}, 100), draw_work({}, 70)
         ((3, 36), (1, 70))
+        >>> draw_work({"batch": torch.zeros(64, dtype=torch.long)}, 500)
+        (1, 64)
     """
     from fedrisk.tree import tree_leaves
 
-    leaves = [t for t in tree_leaves(draws) if isinstance(t, torch.Tensor) and t.dim() >= 2]
+    leaves = [t for t in tree_leaves(draws) if isinstance(t, torch.Tensor) and t.dim() >= 1]
     if not leaves:
         return 1, int(num_samples)
-    return max(int(t.shape[0]) for t in leaves), sum(int(t.numel()) for t in leaves)
+    steps = max(int(t.shape[0]) if t.dim() >= 2 else 1 for t in leaves)
+    return steps, sum(int(t.numel()) for t in leaves)
 
 
 class WorkMeter(Callback):
@@ -115,7 +120,8 @@ class WorkMeter(Callback):
             by_size.setdefault(int(sim.data[k].size), []).append(k)
         for size, ks in by_size.items():
             draws = sim.algorithm.draw(ctx, ks[0], size, client_generator(sim.seed, report.round, ks[0]))
-            steps, rows = draw_work(draws, size)
+            work = getattr(sim.algorithm, "work", None)
+            steps, rows = work(ctx, draws, size) if work is not None else draw_work(draws, size)
             self.steps += steps * len(ks)
             self.samples += rows * len(ks)
 
