@@ -173,3 +173,16 @@ def test_bad_budgets_are_one_line_errors(text):
         FedriskError, match=r"--at .* is not allowed; allowed: NAME=LIMIT with NAME one of bytes, steps"
     ):
         parse_budget(text)
+
+
+def test_report_command_prints_the_budget_and_target_tables(tmp_path, capsys):
+    from fedrisk.cli import main
+
+    fake_run(tmp_path / "a", "fedavg", 0, [0.5, 0.6, 0.7])
+    code = main(["report", str(tmp_path), "--no-plots", "--at", "rounds=4", "--target", "test_accuracy=0.7"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "At an equal budget, rounds ≤ 4" in out and "| fedavg | 0.6000 | 0.4000 | 4 | 4 |" in out
+    assert "| fedavg | 6.0 | 0.00 | 1/1 |" in out
+    assert main(["report", str(tmp_path), "--at", "bytes=lots"]) == 2
+    assert "error: --at 'bytes=lots' is not allowed" in capsys.readouterr().err
