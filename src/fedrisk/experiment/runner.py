@@ -3,9 +3,12 @@ checkpoint, resume.
 
 :func:`build_simulation` turns a config into a :class:`~fedrisk.runtime.simulation.Simulation`
 (``build_federation`` -> model -> objective -> algorithm).  :func:`run_experiment` runs it
-through :func:`fedrisk.api.run_simulation` with four callbacks: :class:`TrainMetrics` (the
-round's training metrics into each evaluation record), :class:`MetricsWriter`
-(``metrics.jsonl``), :class:`~fedrisk.experiment.progress.Progress` and :class:`Checkpointer`.
+through :func:`fedrisk.api.run_simulation` with these callbacks: :class:`TrainMetrics` (the
+round's training metrics into each evaluation record),
+:class:`~fedrisk.experiment.selection.WorkMeter` (local steps per client and samples seen),
+:class:`~fedrisk.experiment.selection.Selector` (model selection on validation,
+``run.select_by``: ``DIR/selected.pt``), :class:`MetricsWriter` (``metrics.jsonl``),
+:class:`~fedrisk.experiment.progress.Progress` and :class:`Checkpointer`.
 
 Under the distributed executor (``torchrun ... -m fedrisk run CONFIG --set
 run.executor=distributed``) every process runs this same code: the run directory is checked
