@@ -32,6 +32,7 @@ from typing import Any
 
 from fedrisk import __version__
 from fedrisk.errors import FedriskError, check_range
+from fedrisk.experiment.outputs import outputs_line  # below both CLIs (also used by `fedrisk deploy run`)
 
 KINDS = (
     "algorithms",
@@ -102,13 +103,6 @@ def run_table(summary: dict[str, Any], path: Path) -> str:
         outputs_line(path),
     ]
     return "\n".join(lines)
-
-
-def outputs_line(path: Path) -> str:
-    """``outputs in DIR: ...``, with ``tensorboard/`` and ``mlruns/`` when the run tracked to them."""
-    extra = [f"{d}/" for d in ("tensorboard", "mlruns") if (Path(path) / d).is_dir()]
-    files = "config.toml metrics.jsonl summary.json partition.json checkpoint.pt plots/"
-    return " ".join([f"outputs in {path}: {files}", *extra])
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
