@@ -213,8 +213,7 @@ def _registry(kind: str) -> Any:
 
 def _details(kind: str, name: str) -> list[str]:
     """The config keys of one component: name, type, default."""
-    from fedrisk.experiment.config import REQUIRED, algorithm_fields, signature_options
-    from fedrisk.experiment.types import format_value
+    from fedrisk.experiment.schema import REQUIRED, algorithm_fields, format_value, short, signature_options
 
     reg = _registry(kind)
     if reg is None:
@@ -227,10 +226,7 @@ def _details(kind: str, name: str) -> list[str]:
     lines = [f"{name}: {desc}", ""]
     if kind == "algorithms":
         fields = algorithm_fields(obj)
-        rows = [
-            (k, spec.short(), "(required)" if d is REQUIRED else format_value(d))
-            for k, (spec, d) in fields.hyper.items()
-        ]
+        rows = [(k, short(t), "(required)" if d is REQUIRED else format_value(d)) for k, (t, d) in fields.hyper.items()]
         if fields.aggregator:
             rows.append(("aggregator", "name | table", "algorithm default (`fedrisk list aggregators`)"))
         if fields.server_opt:
@@ -249,7 +245,10 @@ def _details(kind: str, name: str) -> list[str]:
         skip = {"datasets": ("data_root",), "partitioners": ("num_clients", "seed")}.get(kind, ())
         positional = {"partitioners": 1, "models": 2}.get(kind, 0)
         opts = signature_options(obj, exclude=skip, skip_positional=positional)
-        rows = [(k, spec.short(), "(required)" if d is REQUIRED else format_value(d)) for k, (spec, d) in opts.items()]
+        rows = [
+            (k, short(t) if t is not None else "any", "(required)" if d is REQUIRED else format_value(d))
+            for k, (t, d) in opts.items()
+        ]
         header = {
             "datasets": "[data.dataset_options] keys",
             "partitioners": '[data.partition_options] keys (plus on = "label" | "class" | an attribute)',
@@ -393,7 +392,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except FedriskError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        for problem in getattr(exc, "problems", None) or [str(exc)]:  # a config: one line per problem
+            print(f"error: {problem}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted (no new checkpoint written; the last periodic one can be resumed)", file=sys.stderr)
