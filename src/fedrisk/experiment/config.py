@@ -22,7 +22,7 @@ Each table is a pydantic model (:mod:`fedrisk.experiment.sections`, which says h
 key: one line there); the ``[algorithm]`` table of an algorithm and the options of a dataset,
 partitioner, model, aggregator or attack are models derived from the registered dataclass /
 signature (:mod:`fedrisk.experiment.schema`), which stays the single source of their names,
-types and defaults.  Rules between keys live in the ``_resolve_*`` functions below.
+types and defaults.  Rules between keys live beside the tables (``resolve_*``).
 
 Validation happens before any data is loaded and reports every problem of the file, one line
 each: unknown sections, keys and names get the key, a close match and the valid choices; wrong
@@ -58,70 +58,57 @@ Example:
     (0.05, 1, 3, 'iid')
     >>> resolve_config({"data": {"dataset": "digits"}, "algorithm": {"lrr": 0.1}})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    fedrisk.experiment.config.ConfigError: unknown key 'algorithm.lrr' (did you mean 'algorithm.lr'?); valid keys in ...
+    fedrisk.experiment.schema.ConfigError: unknown key 'algorithm.lrr' (did you mean 'algorithm.lr'?); valid keys in ...
     >>> resolve_config({"data": {"dataset": "digits", "num_clients": 0}, "run": {"rounds": "3"}})
     Traceback (most recent call last):
-    fedrisk.experiment.config.ConfigError: data.num_clients = 0 is out of range; allowed: [1, inf)
+    fedrisk.experiment.schema.ConfigError: data.num_clients = 0 is out of range; allowed: [1, inf)
     run.rounds = "3" has the wrong type; allowed: an integer
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import importlib
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 import tomllib
-from pydantic_core import PydanticUndefined
 
-from fedrisk.errors import FedriskError, check_range
+from fedrisk.errors import FedriskError
 from fedrisk.experiment.schema import (
     AUTO,
     NONE,
     REQUIRED,
     RUN_SEED,
-    SHOWN_DEFAULT,
     AlgorithmFields,
-    OneOf,
-    Section,
+    ConfigError,
     algorithm_fields,
     attack_registry,
-    derived_section,
-    describe,
-    field_names,
+    flatten,
     format_value,
-    interval,
-    is_plain_value,
-    options_section,
     registry_names,
-    section_values,
-    short,
     signature_options,
     to_toml_value,
-    unknown_choice,
-    validate,
 )
 from fedrisk.experiment.schema import unknown_key as unknown_key
 from fedrisk.experiment.sections import (
     OPTIONAL_TABLES,
     SCHEMA,
     SECTIONS,
-    Algorithm,
-    AlgorithmName,
-    Attack,
-    Data,
-    Model,
-    Objective,
     Output,
-    Run,
-    ServerStep,
-    Sweep,
+    reference_markdown,
+    resolve_algorithm,
+    resolve_attack,
+    resolve_data,
+    resolve_model,
+    resolve_objective,
+    resolve_run,
+    resolve_sweep,
+    table_values,
 )
 
 __all__ = [
@@ -136,6 +123,7 @@ __all__ = [
     "algorithm_fields",
     "attack_registry",
     "load_config",
+    "reference_markdown",
     "registry_names",
     "resolve_config",
     "signature_options",
@@ -190,18 +178,6 @@ def get_dotted(tree: Mapping[str, Any], key: str, default: Any = None) -> Any:
             return default
         node = node[part]
     return node
-
-
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested tables -> ``{"a.b.c": value}`` (lists and scalars are leaves)."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, Mapping) and value:
-            out.update(flatten(value, dotted))
-        else:
-            out[dotted] = value
-    return out
 
 
 def apply_overrides(
@@ -325,14 +301,6 @@ def diff_configs(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[str, 
 # ============================================================================= resolution
 
 
-class ConfigError(FedriskError):
-    """Every problem of a config, one line each (``problems``; the message joins them)."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
-
-
 def resolve_config(
     raw: Mapping[str, Any],
     overrides: Sequence[str] | Mapping[str, Any] = (),
@@ -358,16 +326,16 @@ def resolve_config(
     if shape:
         raise ConfigError(shape)
     problems: list[str] = []
-    data = _resolve_data(raw["data"], problems)
-    model = _resolve_model(raw.get("model", {}), problems)
-    algorithm = _resolve_algorithm(raw.get("algorithm", {}), problems)
-    objective = _resolve_objective(raw.get("objective", {}), algorithm, problems)
-    attack = _resolve_attack(raw["attack"], data, problems) if "attack" in raw else None
-    run = _resolve_run(raw.get("run", {}), data, problems)
+    data = resolve_data(raw["data"], problems)
+    model = resolve_model(raw.get("model", {}), problems)
+    algorithm = resolve_algorithm(raw.get("algorithm", {}), problems)
+    objective = resolve_objective(raw.get("objective", {}), algorithm, problems)
+    attack = resolve_attack(raw["attack"], data, problems) if "attack" in raw else None
+    run = resolve_run(raw.get("run", {}), data, problems)
     if algorithm is not None and run is not None:
         problems += _stage_round_problems(algorithm, run["rounds"])
-    output = _section(Output, raw.get("output", {}), "output", problems)
-    sweep = _resolve_sweep(raw.get("sweep", {}), problems)
+    output = table_values(Output, raw.get("output", {}), "output", problems)
+    sweep = resolve_sweep(raw.get("sweep", {}), problems)
     if problems:
         raise ConfigError(problems)
     values: dict[str, Any] = {"imports": list(raw.get("imports", [])), "data": data, "model": model}
@@ -405,353 +373,8 @@ def _import_plugins(modules: Any, source: Path | None) -> None:
             raise FedriskError(f"imports: cannot import module {mod!r}: {exc}") from None
 
 
-def _section(model: type[Section], table: Any, name: str, problems: list[str]) -> dict[str, Any] | None:
-    """The validated table as a dict (every key, defaults filled), or None with its problems
-    added to ``problems``."""
-    obj, found = validate(model, table, name)
-    problems += found
-    return None if obj is None else section_values(obj)
-
-
-def _check(problems: list[str], check: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-    try:
-        check(*args, **kwargs)
-    except FedriskError as exc:
-        problems.append(str(exc))
-
-
-def _options(model: type[Section], table: Any, name: str, problems: list[str], fill: bool) -> dict[str, Any]:
-    """A component's options (``model.component`` names it): the given ones validated, plus
-    (with ``fill``) the defaults TOML can hold."""
-    values = _section(model, table, name, problems) or {}
-    out = {k: values[k] for k in table if k in values}
-    if fill:
-        for k, f in model.model_fields.items():
-            default = f.get_default(call_default_factory=True)
-            if (f.alias or k) not in out and is_plain_value(default):
-                out[f.alias or k] = list(default) if isinstance(default, tuple) else default
-    return out
-
-
-def _valid_name(table: Any, key: str, default: Any, kind: str) -> str | None:
-    """``table[key]`` when it is a registered name of ``kind`` (so that a component's options
-    are checked even when another key of its table is wrong)."""
-    name = table.get(key, default) if isinstance(table, Mapping) else None
-    return name if isinstance(name, str) and name in registry_names(kind) else None
-
-
-def _split(table: Any, fixed: type[Section]) -> tuple[Any, dict[str, Any]]:
-    """``(the fixed keys, the component's options)`` of a table with both."""
-    if not isinstance(table, Mapping):
-        return table, {}
-    return {k: v for k, v in table.items() if k in fixed.model_fields}, {
-        k: v for k, v in table.items() if k not in fixed.model_fields
-    }
-
-
-# ----------------------------------------------------------------------------- [data]
-
-
-def _resolve_data(table: Mapping[str, Any], problems: list[str]) -> dict[str, Any] | None:
-    from fedrisk.data import DATASETS, PARTITIONERS
-
-    out = _section(Data, table, "data", problems)
-    seed = table.get("seed")
-    if isinstance(seed, str) and seed != RUN_SEED:
-        problems.append(f'data.seed = {format_value(seed)} is not allowed; allowed: "{RUN_SEED}" or an integer >= 0')
-    if isinstance(seed, int) and not isinstance(seed, bool):
-        _check(problems, check_range, "data.seed", seed, 0)
-    options: dict[str, Any] = {}  # checked whenever the name is valid (and the table a table)
-    if (name := _valid_name(table, "dataset", None, "datasets")) and isinstance(table.get("dataset_options", {}), dict):
-        loader = options_section(f"dataset {name!r}", DATASETS.get(name), exclude=("data_root",))
-        given = table.get("dataset_options", {})
-        options["dataset_options"] = _options(loader, given, "data.dataset_options", problems, fill=False)
-    if (name := _valid_name(table, "partition", "iid", "partitioners")) and isinstance(
-        table.get("partition_options", {}), dict
-    ):
-        on = (("on", str | None, None),)
-        part = options_section(f"partitioner {name!r}", PARTITIONERS.get(name), ("num_clients", "seed"), 1, on)
-        given = table.get("partition_options", {})
-        options["partition_options"] = _options(part, given, "data.partition_options", problems, fill=False)
-    return None if out is None else {**out, **options}
-
-
-# ----------------------------------------------------------------------------- [model]
-
-
-def _resolve_model(table: Mapping[str, Any], problems: list[str]) -> dict[str, Any] | None:
-    from fedrisk.models import MODELS
-
-    fixed, given = _split(table, Model)
-    out = _section(Model, fixed, "model", problems)
-    nout = fixed.get("num_outputs") if isinstance(fixed, Mapping) else None
-    if isinstance(nout, str) and nout != AUTO:
-        problems.append(
-            f'model.num_outputs = {format_value(nout)} is not allowed; allowed: "{AUTO}" or an integer >= 1'
-        )
-    if isinstance(nout, int) and not isinstance(nout, bool):
-        _check(problems, check_range, "model.num_outputs", nout, 1)
-    if (name := _valid_name(table, "name", "logreg", "models")) is None:
-        return None
-    model = options_section(f"model {name!r}", MODELS.get(name), ("input_shape", "num_outputs"), 2)
-    options = _options(model, given, "model", problems, fill=True)
-    return None if out is None else {**out, **options}
-
-
-def model_options(model: Mapping[str, Any]) -> dict[str, Any]:
-    """The factory options of a resolved ``[model]`` table (without name / num_outputs)."""
-    return {k: v for k, v in model.items() if k not in Model.model_fields}
-
-
-# ----------------------------------------------------------------------------- [algorithm]
-
-
-def algorithm_section(cls: type) -> type[Section]:
-    """The ``[algorithm]`` model of algorithm ``cls``: its name, its hyper-parameters (from the
-    dataclass) and, where it has those fields, the aggregator and the server-step keys."""
-    cached = _ALGORITHM_SECTIONS.get(cls)
-    if cached is None:
-        fields = algorithm_fields(cls)
-        name = getattr(cls, "name", cls.__name__)
-        bases = (ServerStep, AlgorithmName) if fields.server_opt else (AlgorithmName,)
-        hyper = dict(fields.hyper)
-        if fields.aggregator:
-            hyper["aggregator"] = (None, None)  # a name or a table: checked by _resolve_aggregator
-        phrase = f"algorithm {name!r} needs the hyper-parameter '{{key}}' ({{type}})"
-        cached = _ALGORITHM_SECTIONS[cls] = derived_section(f"Algorithm[{name}]", bases, hyper, required=phrase)
-    return cached
-
-
-_ALGORITHM_SECTIONS: dict[type, type[Section]] = {}
-
-
-def _resolve_algorithm(table: Mapping[str, Any], problems: list[str]) -> dict[str, Any] | None:
-    from fedrisk.algorithms import ALGORITHMS
-
-    if not isinstance(table, Mapping):
-        problems.append(f"[algorithm] must be a table; got {format_value(table)}")
-        return None
-    head = _section(AlgorithmName, {"name": table["name"]} if "name" in table else {}, "algorithm", problems)
-    if head is None:
-        return None
-    cls = ALGORITHMS.get(head["name"])
-    fields = algorithm_fields(cls)
-    model = algorithm_section(cls)
-    valid = field_names(model)
-    table = dict(table)
-    for k in [k for k in table if k in Algorithm.model_fields and k not in valid]:
-        what = "aggregator" if k == "aggregator" else "server optimiser"
-        problems.append(
-            f"algorithm.{k} is not allowed for algorithm {head['name']!r} (it has no {what}); "
-            f"valid keys in [algorithm]: {', '.join(sorted(valid))}"
-        )
-        del table[k]
-    values = _section(model, table, "algorithm", problems)
-    if values is None:
-        return None
-    out = {"name": values["name"], **{k: values[k] for k in fields.hyper}}
-    if fields.aggregator:
-        out["aggregator"] = _resolve_aggregator(table.get("aggregator"), cls, fields.aggregator, problems)
-    if fields.server_opt:
-        out.update({k: values[k] for k in ServerStep.model_fields})
-        if out["server_optimizer"] == "adam" and (out["server_momentum"] or out["server_nesterov"]):
-            problems.append(
-                'algorithm.server_optimizer = "adam" takes only server_lr (Adam\'s betas are 0.9, 0.999); '
-                "remove algorithm.server_momentum / algorithm.server_nesterov"
-            )
-        if out["server_optimizer"] == "sgd":  # the default stays out: checkpoints written before the key resume
-            del out["server_optimizer"]
-    _check(problems, _precheck_algorithm, cls, out, fields)
-    return out
-
-
-def _resolve_aggregator(value: Any, cls: type, field_name: str, problems: list[str]) -> Any:
-    from fedrisk.aggregators import AGGREGATORS
-
-    if value is None:
-        default = next(f for f in dataclasses.fields(cls) if f.name == field_name)
-        obj = default.default_factory() if default.default_factory is not dataclasses.MISSING else default.default
-        name = getattr(obj, "name", None)
-        return name if name in AGGREGATORS else NONE
-    if isinstance(value, str):
-        name, options = value, {}
-    elif isinstance(value, Mapping) and "name" in value:
-        name, options = value["name"], {k: v for k, v in value.items() if k != "name"}
-    elif isinstance(value, Mapping):
-        problems.append(
-            'algorithm.aggregator table needs a name, e.g. aggregator = {name = "median"}; '
-            f"valid choices: {', '.join(AGGREGATORS.names())}"
-        )
-        return None
-    else:
-        problems.append(
-            f"algorithm.aggregator = {format_value(value)} has the wrong type; allowed: a name or a table with a name"
-        )
-        return None
-    if name not in AGGREGATORS:
-        problems.append(unknown_choice("algorithm.aggregator", name, AGGREGATORS.names()))
-        return None
-    model = options_section(f"aggregator {name!r}", AGGREGATORS.get(name))
-    options = _options(model, options, "algorithm.aggregator", problems, fill=True)
-    return {"name": name, **options} if options else name
-
-
-def _precheck_algorithm(cls: type, hyper: Mapping[str, Any], fields: AlgorithmFields) -> None:
-    """Construct the algorithm with placeholder model/loss so that its own range checks run
-    before any data is loaded.  Only :class:`FedriskError` counts here: checks that need the
-    real model run again when the run is built."""
-    kwargs = {k: hyper[k] for k in fields.hyper}
-    kwargs["model"] = None
-    if fields.loss:
-        kwargs[fields.loss] = None
-    try:
-        cls(**kwargs)
-    except FedriskError as exc:
-        raise FedriskError(f"[algorithm] {hyper['name']}: {exc}") from None
-    except Exception:
-        pass
-
-
-# ----------------------------------------------------------------------------- [objective]
-
-
-def _resolve_objective(
-    table: Mapping[str, Any], algorithm: Mapping[str, Any] | None, problems: list[str]
-) -> dict[str, Any] | None:
-    from fedrisk.algorithms import ALGORITHMS
-
-    out = _section(Objective, table, "objective", problems)
-    if out is None or algorithm is None:
-        return out
-    if algorithm_fields(ALGORITHMS.get(algorithm["name"])).loss is None and out["name"] != AUTO:
-        problems.append(
-            f"objective.name = {format_value(out['name'])} is not allowed: algorithm {algorithm['name']!r} defines its "
-            f"own objective through its hyper-parameters (see `fedrisk list algorithms {algorithm['name']}`); "
-            f'remove [objective] or set name = "{AUTO}"'
-        )
-    return out
-
-
-# ----------------------------------------------------------------------------- [attack]
-
-
-def _resolve_attack(
-    table: Mapping[str, Any], data: Mapping[str, Any] | None, problems: list[str]
-) -> dict[str, Any] | None:
-    reg = attack_registry()
-    if reg is None or not reg.names():
-        problems.append("[attack]: no attacks are registered in this installation (fedrisk.attacks.ATTACKS)")
-        return None
-    fixed, given = _split(table, Attack)
-    out = _section(Attack, fixed, "attack", problems)
-    if out is not None:
-        if out["byzantine"] and out["num_byzantine"]:
-            problems.append("[attack]: give either byzantine (client ids) or num_byzantine, not both")
-        ids = out["byzantine"] or list(range(out["num_byzantine"]))
-        if data is not None and ([k for k in ids if not 0 <= k < data["num_clients"]] or len(set(ids)) != len(ids)):
-            problems.append(
-                f"attack.byzantine = {format_value(ids)} is not allowed; "
-                f"allowed: distinct client ids in [0, {data['num_clients'] - 1}]"
-            )
-        if not ids:
-            problems.append("[attack] needs Byzantine clients: set byzantine = [ids] or num_byzantine = N")
-    if (name := _valid_name(table, "name", None, "attacks")) is None:
-        return None
-    options = _options(options_section(f"attack {name!r}", reg.get(name)), given, "attack", problems, fill=True)
-    return None if out is None else {**out, **options}
-
-
-# ----------------------------------------------------------------------------- [run], [sweep]
-
-
-def _resolve_run(
-    table: Mapping[str, Any], data: Mapping[str, Any] | None, problems: list[str]
-) -> dict[str, Any] | None:
-    from fedrisk.metrics import parse_metric
-
-    out = _section(Run, table, "run", problems)
-    if out is None:
-        return None
-    for m in out["metrics"]:
-        try:
-            parse_metric(m)
-        except FedriskError as exc:
-            problems.append(f"run.metrics: {exc}")
-    if data is not None and "validation" in out["splits"] and data["validation_fraction"] <= 0:
-        problems.append(
-            'run.splits includes "validation" but data.validation_fraction = 0.0; allowed: set '
-            'data.validation_fraction in (0, 1) or evaluate on ["test"] only'
-        )
-    if len(set(out["seeds"])) != len(out["seeds"]) or any(s < 0 for s in out["seeds"]):
-        problems.append(f"run.seeds = {format_value(out['seeds'])} is not allowed; allowed: distinct integers >= 0")
-    return out
-
-
-def _resolve_sweep(table: Mapping[str, Any], problems: list[str]) -> dict[str, Any] | None:
-    out = _section(Sweep, table, "sweep", problems)
-    if out is None:
-        return None
-    seeds = out["seeds"]
-    if isinstance(seeds, int):
-        _check(problems, check_range, "sweep.seeds", seeds, 1)
-    elif not seeds or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
-        problems.append(f"sweep.seeds = {format_value(seeds)} is not allowed; allowed: distinct integers >= 0")
-    out["grid"] = flatten(out["grid"])
-    for k, values in out["grid"].items():
-        if not isinstance(values, list) or not values:
-            problems.append(
-                f"sweep.grid.{k} = {format_value(values)} has the wrong type; allowed: a non-empty list of values"
-            )
-    variants = {}
-    for name, over in out["variants"].items():
-        if not isinstance(over, Mapping) or not over:
-            problems.append(
-                f"sweep.variants.{name} = {format_value(over)} has the wrong type; allowed: a table of overrides "
-                'such as {"algorithm.name" = "scaffold"}'
-            )
-        else:
-            variants[name] = flatten(over)
-    out["variants"] = variants
-    return out
-
-
 def resolve_seeds(spec: int | Sequence[int], base: int = 0) -> list[int]:
     """``N`` -> ``[base, ..., base + N - 1]``; a list is taken as it is."""
     if isinstance(spec, int):
         return list(range(base, base + spec))
     return list(spec)
-
-
-# ============================================================================= reference
-
-
-def reference_markdown() -> str:
-    """The key tables of ``docs/config-reference.md``, generated from :data:`SCHEMA` (a test
-    checks that the document contains exactly this text)."""
-    blocks = []
-    for section, model in SCHEMA.items():
-        title = "top level" if not section else f"[{section}]"
-        lines = [f"### {title}", "", "| key | type | default | allowed | description |", "|---|---|---|---|---|"]
-        for name, f in model.model_fields.items():
-            extra = f.json_schema_extra or {}
-            if f.default is PydanticUndefined:
-                default = "(required)"
-            elif SHOWN_DEFAULT in extra:
-                default = str(extra[SHOWN_DEFAULT])
-            elif f.default is None and "table" in short(f.annotation):
-                default = "(absent)"
-            else:
-                default = f"`{format_value(f.default)}`"
-            one_of = next((m for m in f.metadata if isinstance(m, OneOf)), None)
-            allowed = one_of.allowed() if one_of else interval(f)
-            doc = (f.description or "").replace("|", "\\|")
-            kind = short(f.annotation).replace(" | ", " or ")
-            lines.append(f"| `{name}` | {kind} | {default} | {allowed} | {doc} |")
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks) + "\n"
-
-
-def describe_key(dotted: str) -> str:
-    """What a fixed key allows, in words (``describe_key("run.rounds")`` = ``"an integer"``)."""
-    section, _, name = dotted.rpartition(".")
-    return describe(SCHEMA[section].model_fields[name].annotation)

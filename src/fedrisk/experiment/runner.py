@@ -65,7 +65,7 @@ from fedrisk.experiment.checkpoint import (
     verify,
     write_checkpoint,
 )
-from fedrisk.experiment.config import ExperimentConfig, diff_configs, model_options
+from fedrisk.experiment.config import ExperimentConfig, diff_configs
 from fedrisk.experiment.outputs import (
     RECORD_KEYS,
     RunDir,
@@ -79,7 +79,7 @@ from fedrisk.experiment.outputs import (
 )
 from fedrisk.experiment.progress import Progress
 from fedrisk.experiment.schema import AUTO, NONE, RUN_SEED, algorithm_fields
-from fedrisk.experiment.sections import ONE_OUTPUT_LOSSES
+from fedrisk.experiment.sections import ONE_OUTPUT_LOSSES, model_options
 from fedrisk.experiment.tracking import open_tracking
 from fedrisk.runtime.client_store import DiskClientStates, is_snapshot_ref, snapshot_problem
 from fedrisk.runtime.evaluation import LOWER_IS_BETTER
@@ -359,7 +359,7 @@ def build_server_opt(lr: float, momentum: float, nesterov: bool, optimizer: str 
 
 
 def build_attack(spec: Mapping[str, Any]) -> tuple[Any, list[int]]:
-    from fedrisk.experiment.config import Attack, attack_registry
+    from fedrisk.experiment.sections import Attack, attack_registry
 
     reg = attack_registry()
     options = {k: v for k, v in spec.items() if k not in Attack.model_fields}

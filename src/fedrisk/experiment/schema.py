@@ -46,6 +46,7 @@ import difflib
 import functools
 import inspect
 import json
+import sys
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -54,6 +55,8 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 import annotated_types as at
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, model_validator
 from pydantic_core import PydanticCustomError, core_schema
+
+from fedrisk.errors import FedriskError
 
 NONE = "none"
 """How a config writes Python's ``None`` (TOML has no null)."""
@@ -229,6 +232,18 @@ def to_toml_value(value: Any) -> Any:
     return value
 
 
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested tables -> ``{"a.b.c": value}`` (lists and scalars are leaves)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, dotted))
+        else:
+            out[dotted] = value
+    return out
+
+
 # ============================================================================= names
 
 
@@ -387,11 +402,22 @@ REQUIRED = inspect.Parameter.empty
 
 
 def _hints(obj: Any) -> dict[str, Any]:
+    """The evaluated annotations of a function or dataclass; one by one when some name cannot
+    be resolved (imported only for type checking): those are left out (read from defaults)."""
+    target = obj.__init__ if isinstance(obj, type) and not dataclasses.is_dataclass(obj) else obj
     try:
-        target = obj.__init__ if isinstance(obj, type) and not dataclasses.is_dataclass(obj) else obj
         return typing.get_type_hints(target, include_extras=True)
-    except Exception:  # a name only imported for type checking: such keys are read from their defaults
-        return {}
+    except Exception:
+        owners = reversed(obj.__mro__) if isinstance(target, type) else [target]
+        out = {}
+        for owner in owners:
+            namespace = vars(sys.modules.get(owner.__module__, typing))
+            for name, text in inspect.get_annotations(owner).items():
+                try:
+                    out[name] = eval(text, namespace) if isinstance(text, str) else text
+                except Exception:
+                    out.pop(name, None)
+        return out
 
 
 def signature_options(
@@ -461,8 +487,6 @@ def algorithm_fields(cls: type) -> AlgorithmFields:
         >>> sorted(f.hyper)[:3], f.loss, f.aggregator, f.server_opt
         (['batch_size', 'clients_per_round', 'local_steps'], 'loss', 'aggregator', 'server_opt')
     """
-    from fedrisk.errors import FedriskError
-
     hints = _hints(cls)
     hyper: dict[str, tuple[Any, Any]] = {}
     loss = aggregator = server_opt = None
@@ -525,6 +549,14 @@ def _nested(info: Any) -> type[Section] | None:
         if isinstance(a, type) and issubclass(a, Section):
             return a
     return None
+
+
+class ConfigError(FedriskError):
+    """Every problem of a config, one line each (``problems``; the message joins them)."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
 
 
 def validate(model: type[Section], table: Any, section: str) -> tuple[Section | None, list[str]]:
