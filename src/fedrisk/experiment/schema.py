@@ -585,6 +585,8 @@ def explain(model: type[Section], table: Mapping[str, Any], section: str, errors
             if (inner := _nested(info)) is None:
                 break
             current = inner
+        if err["type"] == "missing" and len(err["loc"]) > len(path):  # an item of a fixed-length list
+            err = {**err, "type": "too_short"}
         groups.setdefault(path, (current, info, []))[2].append(err)
     problems: list[str] = []
     missing: dict[type[Section], list[str]] = {}
