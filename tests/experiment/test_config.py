@@ -332,3 +332,13 @@ def test_algorithm_table_is_derived_from_the_dataclass(tiny):
         ]
     finally:
         ALGORITHMS._entries.pop(ClippedAvg.name, None)
+
+
+def test_none_is_null_where_a_fixed_key_allows_it(tiny):
+    cfg = resolve_config(
+        tiny, ["data.binarize.imratio=none", "data.binarize.positive_classes=none", "data.label_noise=none"]
+    )
+    assert cfg["data.binarize.imratio"] is None and cfg["data.binarize.positive_classes"] is None
+    assert cfg["data.label_noise"] is None and "label_noise" not in cfg.run_values()["data"]
+    assert err(tiny, ["data.num_clients=none"]) == 'data.num_clients = "none" has the wrong type; allowed: an integer'
+    assert resolve_config(tiny, ["run.init_from=none"])["run.init_from"] == "none"  # a string key keeps the text
