@@ -400,11 +400,13 @@ def resolve_algorithm(table: Mapping[str, Any], problems: list[str]) -> dict[str
         )
         del table[k]
     values = table_values(model, table, "algorithm", problems)
+    if fields.aggregator:  # checked even when another key is wrong
+        aggregator = resolve_aggregator(table.get("aggregator"), cls, fields.aggregator, problems)
     if values is None:
         return None
     out = {"name": values["name"], **{k: values[k] for k in fields.hyper}}
     if fields.aggregator:
-        out["aggregator"] = resolve_aggregator(table.get("aggregator"), cls, fields.aggregator, problems)
+        out["aggregator"] = aggregator
     if fields.server_opt:
         out.update({k: values[k] for k in ServerStep.model_fields})
         if out["server_optimizer"] == "adam" and (out["server_momentum"] or out["server_nesterov"]):
