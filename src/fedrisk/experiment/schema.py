@@ -134,12 +134,29 @@ def is_plain_value(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and all(is_plain_value(v) for v in value)
 
 
-def _parts(annotation: Any) -> tuple[Any, tuple[Any, ...]]:
-    """``(origin, args)`` with ``Annotated`` and ``Optional`` spelled out as unions."""
+def _strip(annotation: Any) -> Any:
     while typing.get_origin(annotation) is Annotated:
         annotation = typing.get_args(annotation)[0]
+    return annotation
+
+
+def _parts(annotation: Any) -> tuple[Any, Any, tuple[Any, ...]]:
+    """``(annotation, origin, args)`` without ``Annotated``, with ``X | Y`` as ``Union``."""
+    annotation = _strip(annotation)
     origin = typing.get_origin(annotation)
-    return (Union if origin is types.UnionType else origin), typing.get_args(annotation)
+    return annotation, (Union if origin is types.UnionType else origin), typing.get_args(annotation)
+
+
+def _is_table(annotation: Any) -> bool:
+    """A dict, a sub-section, or an optional sub-section (absent = None)."""
+    annotation, origin, args = _parts(annotation)
+    if origin is Union:
+        return any(isinstance(a, type) and issubclass(a, Section) for a in args)
+    return origin is dict or annotation is dict or (isinstance(annotation, type) and issubclass(annotation, Section))
+
+
+def _fixed_length(origin: Any, args: tuple[Any, ...]) -> bool:
+    return origin is tuple and bool(args) and not (len(args) == 2 and args[1] is Ellipsis)
 
 
 _WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): f'"{NONE}"'}
@@ -148,55 +165,39 @@ _PLURAL = {int: "integers", float: "numbers", str: "strings", bool: "booleans"}
 
 def describe(annotation: Any) -> str:
     """Words for error messages: ``an integer or "none"``, ``a list of numbers``."""
-    origin, args = _parts(annotation)
-    base = typing.get_args(annotation)[0] if typing.get_origin(annotation) is Annotated else annotation
-    if base in _WORDS or base is None:
-        return _WORDS[type(None) if base is None else base]
-    if base is Any:
+    annotation, origin, args = _parts(annotation)
+    if annotation in _WORDS or annotation is None:
+        return _WORDS[type(None) if annotation is None else annotation]
+    if annotation is Any:
         return "any value"
-    if origin is Union and any(isinstance(a, type) and issubclass(a, Section) for a in args):
-        return "a table"  # an optional sub-table: "none" is how a resolved config writes it absent
+    if _is_table(annotation):
+        return "a table"
     if origin is Union:
         return " or ".join(describe(a) for a in args)
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in args)
-    if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+    if _fixed_length(origin, args):
         return f"a list of {len(args)} (" + ", ".join(describe(a) for a in args) + ")"
     if origin in _SEQUENCES:
         return f"a list of {_PLURAL.get(_strip(args[0]), describe(args[0]))}" if args else "a list of any value"
-    if origin is dict or (isinstance(base, type) and issubclass(base, (dict, Section))):
-        return "a table"
-    return f"(not settable from a config: {base})"
-
-
-def _strip(annotation: Any) -> Any:
-    while typing.get_origin(annotation) is Annotated:
-        annotation = typing.get_args(annotation)[0]
-    return annotation
+    return f"(not settable from a config: {annotation})"
 
 
 def short(annotation: Any) -> str:
     """A compact form for tables: ``int``, ``float | none``, ``list[int]``, ``table``."""
-    annotation = _strip(annotation)
-    origin, args = _parts(annotation)
-    if annotation in (int, float, str, bool):
-        return annotation.__name__
-    if annotation in (None, type(None)):
-        return NONE
+    annotation, origin, args = _parts(annotation)
+    if annotation in _WORDS or annotation is None:
+        return NONE if annotation in (None, type(None)) else annotation.__name__
     if annotation is Any:
         return "any"
-    if origin is Union and any(isinstance(a, type) and issubclass(a, Section) for a in args):
-        return "table"  # an optional sub-table (absent = None)
-    if origin is Union:
-        return " | ".join(short(a) for a in args)
-    if origin is Literal:
-        return " | ".join(json.dumps(a) for a in args)
-    if origin in _SEQUENCES:
-        if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
-            return "list[" + ", ".join(short(a) for a in args) + "]"
-        return f"list[{short(args[0]) if args else 'any'}]"
-    if origin is dict or (isinstance(annotation, type) and issubclass(annotation, (dict, Section))):
+    if _is_table(annotation):
         return "table"
+    if origin in (Union, Literal):
+        return " | ".join(short(a) if origin is Union else json.dumps(a) for a in args)
+    if _fixed_length(origin, args):
+        return "list[" + ", ".join(short(a) for a in args) + "]"
+    if origin in _SEQUENCES:
+        return f"list[{short(args[0]) if args else 'any'}]"
     return getattr(annotation, "__name__", str(annotation))
 
 
@@ -353,7 +354,7 @@ class Section(BaseModel):
             return data
         fields = {f.alias or n: f for n, f in cls.model_fields.items()}
         return {
-            k: None if k in fields and v == NONE and type(None) in _parts(fields[k].annotation)[1] else v
+            k: None if k in fields and v == NONE and type(None) in _parts(fields[k].annotation)[2] else v
             for k, v in data.items()
         }
 
@@ -544,8 +545,8 @@ def interval(info: Any) -> str:
 
 
 def _nested(info: Any) -> type[Section] | None:
-    origin, args = _parts(info.annotation)
-    for a in args if origin is Union else (info.annotation,):
+    annotation, origin, args = _parts(info.annotation)
+    for a in args if origin is Union else (annotation,):
         if isinstance(a, type) and issubclass(a, Section):
             return a
     return None
@@ -608,7 +609,7 @@ def explain(model: type[Section], table: Mapping[str, Any], section: str, errors
             ctx = next(e["ctx"] for e in errs if e["type"] == "unknown_name")
             problems.append(unknown_choice(dotted, ctx["value"], ctx["choices"]))
         elif kinds <= set(_RANGE):
-            numeric = float in (_strip(info.annotation), *_parts(info.annotation)[1])
+            numeric = float in (_strip(info.annotation), *_parts(info.annotation)[2])
             shown = float(value) if numeric and isinstance(value, int) else value
             problems.append(f"{dotted} = {shown!r} is out of range; allowed: {interval(info)}")
         else:
