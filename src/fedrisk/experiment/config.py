@@ -99,7 +99,6 @@ from fedrisk.experiment.sections import (
     OPTIONAL_TABLES,
     SCHEMA,
     SECTIONS,
-    Output,
     reference_markdown,
     resolve_algorithm,
     resolve_attack,
@@ -326,23 +325,23 @@ def resolve_config(
     if shape:
         raise ConfigError(shape)
     problems: list[str] = []
-    data = resolve_data(raw["data"], problems)
-    model = resolve_model(raw.get("model", {}), problems)
+    values: dict[str, Any] = {"imports": list(raw.get("imports", []))}
+    data = values["data"] = resolve_data(raw["data"], problems)
+    values["model"] = resolve_model(raw.get("model", {}), problems)
     algorithm = resolve_algorithm(raw.get("algorithm", {}), problems)
-    objective = resolve_objective(raw.get("objective", {}), algorithm, problems)
-    attack = resolve_attack(raw["attack"], data, problems) if "attack" in raw else None
-    run = resolve_run(raw.get("run", {}), data, problems)
+    values["objective"] = resolve_objective(raw.get("objective", {}), algorithm, problems)
+    values["algorithm"] = algorithm
+    if "attack" in raw:
+        values["attack"] = resolve_attack(raw["attack"], data, problems)
+    run = values["run"] = resolve_run(raw.get("run", {}), data, problems)
     if algorithm is not None and run is not None:
         problems += _stage_round_problems(algorithm, run["rounds"])
-    output = table_values(Output, raw.get("output", {}), "output", problems)
-    sweep = resolve_sweep(raw.get("sweep", {}), problems)
+    for name in SECTIONS:  # tables without rules between their keys (and not optional): [output], ...
+        if name not in values and name not in ("attack", "sweep"):
+            values[name] = table_values(SCHEMA[name], raw.get(name, {}), name, problems)
+    values["sweep"] = resolve_sweep(raw.get("sweep", {}), problems)
     if problems:
         raise ConfigError(problems)
-    values: dict[str, Any] = {"imports": list(raw.get("imports", [])), "data": data, "model": model}
-    values.update(objective=objective, algorithm=algorithm)
-    if attack is not None:
-        values["attack"] = attack
-    values.update(run=run, output=output, sweep=sweep)
     return ExperimentConfig(values=values, raw=raw, source=source)
 
 

@@ -12,8 +12,10 @@ then regenerate the reference (:func:`reference_markdown` below;
 ``tests/experiment/test_docs.py`` says when it is stale).  A rule between keys goes in the
 section's ``resolve_*`` function below.  A new table is a
 :class:`~fedrisk.experiment.schema.Section` subclass here, a field of that type in its parent
-(``binarize: Binarize | None``) and an entry in :data:`SCHEMA` (a new top-level table also
-in :data:`SECTIONS` and ``resolve_config``).  The options of named components (an algorithm's
+(``binarize: Binarize | None``) and an entry in :data:`SCHEMA`; a new top-level table is
+an entry in :data:`SCHEMA` and :data:`SECTIONS` (``resolve_config`` then validates it and
+adds it to the resolved config; a rule between its keys goes in a ``resolve_<table>``
+function called there).  The options of named components (an algorithm's
 hyper-parameters, a dataset's or model's options) are not listed here: they are derived from
 the registered dataclass / function (:mod:`fedrisk.experiment.schema`).
 
