@@ -193,6 +193,12 @@ def test_unknown_names_suggest_and_list(tiny):
     assert msg.startswith("algorithm.aggregator = \"weighted\" is not a known name (did you mean 'weighted_mean'?)")
 
 
+def test_an_aggregator_name_that_is_not_a_string(tiny):  # (it raised a TypeError before the pydantic schema)
+    assert err(tiny, ["algorithm.aggregator={name = 3}"]) == (
+        "algorithm.aggregator.name = 3 has the wrong type; allowed: a string"
+    )
+
+
 def test_unknown_option_keys_of_named_components(tiny):
     assert err(tiny, ["data.partition_options.alfa=0.1"]) == (
         "unknown key 'data.partition_options.alfa' (did you mean 'data.partition_options.alpha'?); valid options of "

@@ -445,6 +445,9 @@ def resolve_aggregator(value: Any, cls: type, field_name: str, problems: list[st
             f"algorithm.aggregator = {format_value(value)} has the wrong type; allowed: a name or a table with a name"
         )
         return None
+    if not isinstance(name, str):
+        problems.append(f"algorithm.aggregator.name = {format_value(name)} has the wrong type; allowed: a string")
+        return None
     if name not in AGGREGATORS:
         problems.append(unknown_choice("algorithm.aggregator", name, AGGREGATORS.names()))
         return None
