@@ -10,7 +10,8 @@
     fedrisk deploy certs | node-key | register | superlink | supernode | run ...   (fedrisk.deploy.cli)
 
 User errors (a bad config value, a name that does not exist, a run directory in the wrong
-state) print ``error: <message>`` and exit with status 2, never with a traceback.  A run
+state) print ``error: <message>`` (a config: one such line per problem) and exit with status
+2, never with a traceback.  A run
 stopped by SIGINT / SIGTERM writes its checkpoint and exits with 130 / 143.
 
 Example:
