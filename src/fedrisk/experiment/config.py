@@ -80,21 +80,14 @@ import tomllib
 
 from fedrisk.errors import FedriskError
 from fedrisk.experiment.schema import (
-    AUTO,
-    NONE,
-    REQUIRED,
-    RUN_SEED,
-    AlgorithmFields,
     ConfigError,
     algorithm_fields,
-    attack_registry,
     flatten,
     format_value,
     registry_names,
-    signature_options,
     to_toml_value,
+    unknown_key,
 )
-from fedrisk.experiment.schema import unknown_key as unknown_key
 from fedrisk.experiment.sections import (
     OPTIONAL_TABLES,
     SCHEMA,
@@ -110,22 +103,24 @@ from fedrisk.experiment.sections import (
     table_values,
 )
 
-__all__ = [
-    "AUTO",
-    "NONE",
-    "REQUIRED",
-    "RUN_SEED",
+__all__ = [  # with what other modules import from here (defined in schema / sections)
     "SCHEMA",
-    "AlgorithmFields",
+    "SECTIONS",
     "ConfigError",
     "ExperimentConfig",
     "algorithm_fields",
-    "attack_registry",
+    "apply_overrides",
+    "diff_configs",
+    "flatten",
     "load_config",
+    "parse_assignment",
+    "parse_literal",
+    "read_toml",
     "reference_markdown",
-    "registry_names",
     "resolve_config",
-    "signature_options",
+    "resolve_seeds",
+    "semantic_view",
+    "to_toml_value",
 ]
 
 # ============================================================================= dotted keys
