@@ -105,6 +105,13 @@ from fedrisk.algorithms.base import Algorithm, ClientResult, FedInfo, LocalData,
 from fedrisk.autodiff import value_and_grad
 from fedrisk.errors import FedriskError, check_range, unknown_name
 from fedrisk.objectives.auc import class_count_pairs, single_output
+from fedrisk.objectives.compositional import (
+    COMPOSITIONAL,
+    U_COLUMNS,
+    XRiskSpec,
+    check_compositional_params,
+    decomposed_step,
+)
 from fedrisk.objectives.xrisk import (
     check_xrisk_params,
     decomposed_surrogate,
@@ -146,12 +153,16 @@ def class_order(data: LocalData) -> tuple[Tensor, Tensor, Tensor]:
     return order, n_pos, valid.sum() - n_pos
 
 
+def pick_index(count: Tensor, unit: Tensor) -> Tensor:
+    """Ranks ``floor(unit · count)`` within a class (uniform draws in ``[0, 1)``); 0 when ``count = 0``."""
+    idx = torch.floor(unit * count.to(unit.dtype)).to(torch.int64)
+    return torch.minimum(idx, (count - 1).clamp(min=0))
+
+
 def pick_rows(order: Tensor, start: Tensor, count: Tensor, unit: Tensor) -> Tensor:
     """Rows ``order[start + floor(unit · count)]`` (uniform draws in ``[0, 1)`` -> rows of a class);
     a class with ``count = 0`` gets row ``order[start]`` (its term is weighted 0)."""
-    idx = torch.floor(unit * count.to(unit.dtype)).to(torch.int64)
-    idx = torch.minimum(idx, (count - 1).clamp(min=0))
-    return order[torch.clamp(start + idx, max=order.shape[0] - 1)]
+    return order[torch.clamp(start + pick_index(count, unit), max=order.shape[0] - 1)]
 
 
 @dataclass(frozen=True)
@@ -205,7 +216,27 @@ class PairwiseBase(Algorithm):
 
     @property
     def uses_u(self) -> bool:
-        return self.kind == "pauc"
+        return self.kind == "pauc" or self.kind in COMPOSITIONAL
+
+    @property
+    def uses_v(self) -> bool:
+        """Two-way pAUC's global scalar ``v``, averaged by the server with the model."""
+        return self.kind == "tpauc"
+
+    @property
+    def spec(self) -> XRiskSpec:
+        """The compositional X-risk's hyper-parameters (:mod:`fedrisk.objectives.compositional`)."""
+        return XRiskSpec(
+            self.kind,
+            self.surrogate,
+            self.margin,
+            gamma=getattr(self, "gamma", 1.0),
+            lam=getattr(self, "lam", 1.0),
+            lam_pos=getattr(self, "lam_pos", 1.0),
+            gamma_v=getattr(self, "gamma_v", 0.1),
+            max_fpr=getattr(self, "max_fpr", 0.2),
+            dual_lr=getattr(self, "dual_lr", 0.1),
+        )
 
     def __post_init__(self) -> None:
         check_range("lr", self.lr, 0.0, None, low_inclusive=False)
@@ -231,6 +262,8 @@ class PairwiseBase(Algorithm):
         )
         if self.uses_u:
             check_range("u_init", getattr(self, "u_init", 1.0), 0.0, None, low_inclusive=False)
+        if self.kind in COMPOSITIONAL:
+            check_compositional_params(self.spec)
 
     # -- scores, schedule ---------------------------------------------------------------------
     def scores(self, params: Tree, x: Tensor) -> Tensor:
@@ -292,17 +325,25 @@ class PairwiseBase(Algorithm):
         state: dict[str, Any] = {"params": params}
         if self.uses_momentum:
             state["momentum"] = tree_zeros_like(params)  # Ḡ^0 = 0
+        if self.uses_v:  # v^0 = mean (u^0)^(λ/λ')
+            dtype = next(iter(params.values())).dtype if isinstance(params, dict) and params else None
+            u0 = float(getattr(self, "u_init", 1.0))
+            state["v"] = torch.tensor(u0 ** (self.spec.lam / self.spec.lam_pos), dtype=dtype)
         return state
 
     def init_client(self, ctx: RoundContext, client: int, params: Tree) -> Tree:
         if not self.uses_u:
             return {}
         dtype = next(iter(params.values())).dtype if isinstance(params, dict) and params else torch.get_default_dtype()
-        # one row per training row, padded to the largest client so that every client's state has the
-        # same shape (the vectorised executor then runs all clients in one vmap group); rows >= the
-        # client's size are never read
-        rows = max(ctx.fed.client_sizes)
-        return {"u": torch.full((rows,), float(getattr(self, "u_init", 1.0)), dtype=dtype)}
+        # one row per *positive* of the client (its rank among the client's positives, in row order),
+        # padded to the largest client's positive count so that every client's state has the same
+        # shape (the vectorised executor then runs all clients in one vmap group); rows >= the
+        # client's positive count are never read.  AP keeps two columns (u_pos, u_all) per positive.
+        pairs = class_count_pairs(ctx.fed.class_counts) if ctx.fed.class_counts else ()
+        rows = max([p for p, _ in pairs] + [1]) if pairs else max(ctx.fed.client_sizes)
+        shape = (rows, U_COLUMNS["ap"]) if self.kind == "ap" else (rows,)
+        init = 0.0 if self.kind == "pauc_cvar" else float(getattr(self, "u_init", 1.0))  # SOPA's s^0 = 0
+        return {"u": torch.full(shape, init, dtype=dtype)}
 
     # -- one round ----------------------------------------------------------------------------
     def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
@@ -312,6 +353,8 @@ class PairwiseBase(Algorithm):
         clients = sample_clients(gen, ctx.fed.num_clients, self.clients_per_round)
         if self.uses_momentum:
             broadcast["momentum"] = server_state["momentum"]
+        if self.uses_v:
+            broadcast["v"] = server_state["v"]
         for key in self.pool_keys():
             broadcast[key] = server_state[key]
         return RoundPlan(clients, broadcast, kind=TRAIN)
@@ -323,15 +366,15 @@ class PairwiseBase(Algorithm):
         K, f64 = self.local_steps, torch.float64
         return {"pos": rng.uniform((K, self.batch_pos), f64), "neg": rng.uniform((K, self.batch_neg), f64)}
 
-    def active_rows(self, data: LocalData, draws: Tree) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``[K, B1]`` positive rows, ``[K, B2]`` negative rows, and the 0/1 weights (has positives,
-        has negatives) of the client."""
+    def active_rows(self, data: LocalData, draws: Tree) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """``[K, B1]`` positive rows, ``[K, B2]`` negative rows, the 0/1 weights (has positives,
+        has negatives) of the client, and the ``[K, B1]`` positives' ranks (their u-table rows)."""
         order, n_pos, n_neg = class_order(data)
-        zero = torch.zeros((), dtype=torch.int64, device=order.device)
-        rows_pos = pick_rows(order, zero, n_pos, draws["pos"])
+        rank = pick_index(n_pos, draws["pos"])  # positives come first in ``order``
+        rows_pos = order[torch.clamp(rank, max=order.shape[0] - 1)]
         rows_neg = pick_rows(order, n_pos, n_neg, draws["neg"])
         dtype = data.x.dtype if data.x.is_floating_point() else torch.get_default_dtype()
-        return rows_pos, rows_neg, (n_pos > 0).to(dtype), (n_neg > 0).to(dtype)
+        return rows_pos, rows_neg, (n_pos > 0).to(dtype), (n_neg > 0).to(dtype), rank
 
     def passive_scores(self, payload: Mapping[str, Any], draws: Tree) -> tuple[Tensor, Tensor, Tensor | None]:
         """``[K, B2]`` passive negatives, ``[K, B1]`` passive positives (and their u)."""
@@ -339,25 +382,29 @@ class PairwiseBase(Algorithm):
 
     def local_steps_loop(
         self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
-    ) -> tuple[Tree, Tree | None, Tree, Tensor, Tensor, Tensor, Tensor]:
-        """K local steps; returns (w, G, new state, stored positive / negative scores and u, mean loss)."""
+    ) -> tuple[Tree, Tree | None, Tree, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+        """K local steps; returns (w, G, new state, stored positive / negative scores and u, mean loss,
+        the moved global ``v`` of ``"tpauc"`` or None)."""
         kind, surrogate, margin = self.kind, self.surrogate, self.margin
         lam, gamma, beta = getattr(self, "lam", 1.0), getattr(self, "gamma", 1.0), self.momentum_weight
         B1, lr = self.batch_pos, self.round_lr(ctx.round)
-        rows_pos, rows_neg, has_pos, has_neg = self.active_rows(data, draws)
+        rows_pos, rows_neg, has_pos, has_neg, ranks = self.active_rows(data, draws)
         passive = self.passive_scores(payload, draws) if self.federated_pairs else None
         if not self.federated_pairs:  # Local Pair: a pair needs both classes on this client
             has_pos = has_neg = has_pos * has_neg
         params, G = payload["params"], payload.get("momentum")
-        u = state.get("u")
+        u, v = state.get("u"), payload.get("v")
         names = list(params)
+        spec = self.spec if kind in COMPOSITIONAL else None
         stored_a, stored_b, stored_u, losses = [], [], [], []
         for k in range(self.local_steps):
             rp, rn = rows_pos[k], rows_neg[k]
             xs = data.x[torch.cat([rp, rn])]
-            u_rows = u[rp] if u is not None else None
+            u_rows = u[ranks[k]] if u is not None else None
 
-            def objective(p: dict[str, Tensor], xs: Tensor = xs, k: int = k, u_rows: Tensor | None = u_rows) -> Any:
+            def objective(
+                p: dict[str, Tensor], xs: Tensor = xs, k: int = k, u_rows: Tensor | None = u_rows, v: Any = v
+            ) -> Any:
                 h = self.scores(p, xs)
                 a, b = h[:B1], h[B1:]
                 if passive is not None:
@@ -365,6 +412,11 @@ class PairwiseBase(Algorithm):
                     partner_u = partner_u[k] if partner_u is not None else None
                 else:  # local pairs only: the partners are this step's own scores
                     partner_neg, partner_pos, partner_u = b.detach(), a.detach(), None
+                if spec is not None:  # AP, two-way / CVaR pAUC (fedrisk.objectives.compositional)
+                    loss, u_new, v_new, value = decomposed_step(
+                        spec, a, b, partner_neg, partner_pos, partner_u, u_rows, v, has_pos=has_pos, has_neg=has_neg
+                    )
+                    return loss, (a.detach(), b.detach(), u_new, value, *([v_new] if v is not None else []))
                 g = inner_loss(kind, surrogate, a.detach(), partner_neg, lam=lam, margin=margin).mean(1)
                 # eq. (11): u(z1) first, then ∇f at the updated u (spec §6.4)
                 u_new = moving_average(u_rows, g, gamma) if u_rows is not None else torch.ones_like(g)
@@ -386,9 +438,11 @@ class PairwiseBase(Algorithm):
                 )
                 return loss, (a.detach(), b.detach(), u_new.detach(), outer_value(kind, g, lam).mean())
 
-            (_, (a, b, u_new, value)), grads = value_and_grad(objective, has_aux=True)(params)
+            (_, (a, b, u_new, value, *moved)), grads = value_and_grad(objective, has_aux=True)(params)
+            v = moved[0] if moved else v
             if u is not None:
-                u = u.scatter(0, rp, torch.where(has_pos > 0, u_new, u_rows))
+                index = ranks[k].reshape(-1, *[1] * (u.dim() - 1)).expand_as(u_new)
+                u = u.scatter(0, index, torch.where(has_pos > 0, u_new, u_rows))
             if beta is not None:  # G^r_{i,k} = (1−β) G^r_{i,k−1} + β (G1 + G2)
                 G = {n: (1 - beta) * G[n] + beta * grads[n] for n in names}
                 step = G
@@ -410,6 +464,7 @@ class PairwiseBase(Algorithm):
             torch.cat(stored_b),
             torch.cat(stored_u),
             torch.stack(losses).mean(),
+            v,
         )
 
     def client_update(
@@ -424,6 +479,8 @@ class PairwiseBase(Algorithm):
         new["params"] = replies.mean("params")  # w̄^r = mean over the participants (Alg. 3)
         if self.uses_momentum:
             new["momentum"] = replies.mean("momentum")  # Ḡ^r
+        if self.uses_v:
+            new["v"] = replies.mean("v")  # two-way pAUC's global v, averaged like Ḡ
         return new
 
 
@@ -538,18 +595,20 @@ class FeDXL1(PairwiseBase):
     ) -> ClientResult:
         up_pos, up_neg = self.uploads()
         if ctx.kind == BOOTSTRAP:  # H^0_{i,1}, H^0_{i,2} (and U^0_i) with w0
-            rows_pos, rows_neg, _, _ = self.active_rows(data, draws)
+            rows_pos, rows_neg, _, _, ranks = self.active_rows(data, draws)
             with torch.no_grad():
                 a = self.scores(payload["params"], data.x[rows_pos.reshape(-1)])
                 b = self.scores(payload["params"], data.x[rows_neg.reshape(-1)])
             reply = {"h_pos": self.subsample(a, up_pos), "h_neg": self.subsample(b, up_neg)}
             if self.uses_u:
-                reply["u_pos"] = self.subsample(state["u"][rows_pos.reshape(-1)], up_pos)
+                reply["u_pos"] = self.subsample(state["u"][ranks.reshape(-1)], up_pos)
             return ClientResult(reply, state, {})
-        params, G, new_state, h_pos, h_neg, u_pos, loss = self.local_steps_loop(ctx, payload, state, data, draws)
+        params, G, new_state, h_pos, h_neg, u_pos, loss, v = self.local_steps_loop(ctx, payload, state, data, draws)
         reply: dict[str, Any] = {"params": params}
         if G is not None:
             reply["momentum"] = G
+        if v is not None:
+            reply["v"] = v
         reply["h_pos"], reply["h_neg"] = self.subsample(h_pos, up_pos), self.subsample(h_neg, up_neg)
         if self.uses_u:
             reply["u_pos"] = self.subsample(u_pos, up_pos)
@@ -590,11 +649,20 @@ class FeDXL2(FeDXL1):
     u-table (γ) and a momentum ``G`` (β) averaged by the server together with ``w``.
 
     Args:
-        xrisk: ``"pauc"`` (default) or ``"auc"`` (linear f; FeDXL1 plus momentum).
+        xrisk: ``"pauc"`` (default), ``"auc"`` (linear f; FeDXL1 plus momentum), ``"ap"`` (average
+            precision, eq. (19): a 2-vector u per positive, passive partners = both pools),
+            ``"tpauc"`` (two-way KL-DRO pAUC) or ``"pauc_cvar"`` (one-way CVaR pAUC) — the last
+            three in :mod:`fedrisk.objectives.compositional`.
         lam: ``λ > 0``, the KL temperature (paper: tuned in [1, 5]; code 1).
         gamma: ``γ ∈ (0, 1]``, the u moving-average weight (code 0.1).
         beta: ``β ∈ (0, 1]``, the momentum weight (paper 0.1; 1 = no momentum).
-        u_init: ``u^0`` (> 0; the code's 1 — the paper's 0 is invalid for ``λ log``).
+        u_init: ``u^0`` (> 0; the code's 1 — the paper's 0 is invalid for ``λ log``); both
+            columns of AP's u.  CVaR's thresholds start at 0 (SOPA).
+        lam_pos: ``λ' > 0``, the positives' KL temperature of ``"tpauc"`` (LibAUC's ``tau``).
+        gamma_v: ``γ_v ∈ (0, 1]``, the moving-average weight of ``"tpauc"``'s global ``v``
+            (each client moves its copy; the server averages them with the model).
+        max_fpr: ``"pauc_cvar"``'s FPR bound / CVaR level ``∈ (0, 1]`` (LibAUC's ``beta``).
+        dual_lr: ``"pauc_cvar"``'s threshold step size ``η > 0`` (LibAUC's ``eta``).
     """
 
     name: ClassVar[str] = "fedxl2"
@@ -605,3 +673,7 @@ class FeDXL2(FeDXL1):
     gamma: float = 0.1
     beta: float = 0.1
     u_init: float = 1.0
+    lam_pos: float = 1.0
+    gamma_v: float = 0.1
+    max_fpr: float = 0.2
+    dual_lr: float = 0.1
