@@ -10,7 +10,7 @@ r"""Baselines of FeDXL (spec §2.5): Local Pair and centralised pairwise / compo
   minibatch pairwise SGD for linear f and SOX (Wang & Yang 2022) for ``f = λ log``: the u-table
   over all positives, ``u ← (1−γ) u + γ mean_q ℓ_in(a_p, b_q)`` and momentum ``β``.
 
-The same local loop as FeDXL (:meth:`fedrisk.algorithms.fedxl.PairwiseBase.local_steps_loop`) with
+The same local loop as FeDXL (:meth:`fedrisk.algorithms.pairwise.PairwiseBase.local_steps_loop`) with
 the passive partners replaced by the step's own scores (stop-gradient), so that for linear f the
 update is exactly the gradient of the local pairwise loss ``mean_{p,q} ℓ(a_p, b_q)``:
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from fedrisk.algorithms.base import ClientResult, FedInfo, LocalData, RoundContext
-from fedrisk.algorithms.fedxl import PairwiseBase
+from fedrisk.algorithms.pairwise import PairwiseBase
 from fedrisk.errors import FedriskError
 from fedrisk.tree import Tree
 
@@ -45,7 +45,7 @@ __all__ = ["CentralizedPair", "LocalPair"]
 class LocalPair(PairwiseBase):
     """Local Pair: the X-risk of each client's own pairs, local (momentum) SGD, periodic averaging.
 
-    Args (besides :class:`~fedrisk.algorithms.fedxl.PairwiseBase`'s):
+    Args (besides :class:`~fedrisk.algorithms.pairwise.PairwiseBase`'s):
         xrisk: ``"auc"`` (linear f, default), ``"pauc"`` (KL-DRO, ``f = λ log``), ``"ap"``,
             ``"tpauc"`` or ``"pauc_cvar"`` (:class:`~fedrisk.algorithms.fedxl.FeDXL2`).
         lam, gamma, u_init, lam_pos, gamma_v, max_fpr, dual_lr: as in

@@ -11,7 +11,7 @@ with ``L_ij = ℓ(h_i, h_j)`` the pairwise surrogate (:data:`fedrisk.objectives.
 and ``P`` a constant (stop-gradient) weight.  That is exactly LibAUC's form
 (``loss = mean(p * surr_loss)`` with ``p`` detached), so :func:`centralized_surrogate` on a
 minibatch equals LibAUC's loss in value and gradient; FeDXL's active/passive split
-(:func:`fedrisk.algorithms.fedxl.PairwiseBase.local_steps_loop`) uses the same ``P`` for the
+(:func:`fedrisk.algorithms.pairwise.PairwiseBase.local_steps_loop`) uses the same ``P`` for the
 active-anchor term ``G1`` (partners: passive scores) and the active-partner term ``G2``
 (anchors: passive positive scores with their stored ``ũ``).
 
