@@ -141,7 +141,8 @@ def test_shipped_configs_are_valid(path):
 @pytest.mark.parametrize(
     "module",
     [
-        "types",
+        "schema",
+        "sections",
         "config",
         "outputs",
         "progress",

@@ -59,6 +59,14 @@ SELECTED_MODEL = "selected.pt"
 """The parameters of the round selected on validation (``run.select_by``), see ``runner.Selector``."""
 
 
+def outputs_line(path: str | Path) -> str:
+    """``outputs in DIR: ...``, with ``tensorboard/`` and ``mlruns/`` when the run tracked to them
+    (the last line of ``fedrisk run`` and ``fedrisk deploy run``)."""
+    extra = [f"{d}/" for d in ("tensorboard", "mlruns") if (Path(path) / d).is_dir()]
+    files = "config.toml metrics.jsonl summary.json partition.json checkpoint.pt plots/"
+    return " ".join([f"outputs in {path}: {files}", *extra])
+
+
 # ----------------------------------------------------------------------------- atomic writes
 
 

@@ -43,8 +43,8 @@ from fedrisk.errors import FedriskError
 from fedrisk.experiment.config import semantic_view
 from fedrisk.experiment.outputs import PERSONAL_STATS, RunData, atomic_write_text, find_runs, load_run
 from fedrisk.experiment.plots import MB, Curve, plot_curves
+from fedrisk.experiment.schema import format_value
 from fedrisk.experiment.selection import Budget, Target, reach, run_select_key, selected_record, within
-from fedrisk.experiment.types import format_value
 
 SEED_KEYS = ("run.seed", "run.seeds")
 _SEED_DIR = re.compile(r"^seed=\d+$")
