@@ -17,6 +17,7 @@ the names)::
     [run]                   # rounds, seed(s), executor, evaluation schedule, checkpoints, ...
     [output]                # dir, plots, tensorboard / mlflow tracking
     [sweep]                 # only for `fedrisk sweep`: seeds, jobs, grid, variants
+    [tune]                  # only for `fedrisk tune` / `sweep --tune`: search space, trials, metric
 
 Validation happens before any data is loaded: unknown sections, keys and names get the key, a
 close match and the valid choices; wrong types and ranges get the key, the value and what is
@@ -389,12 +390,57 @@ SCHEMA: dict[str, list[Option]] = {
             semantic=False,
         ),
     ],
+    # ---- [tune] (fedrisk tune, sweep --tune; parsed and checked further by fedrisk.experiment.tune)
+    "tune": [
+        _o(
+            "space",
+            "table",
+            {},
+            'key -> search space, e.g. "algorithm.lr" = "log:1e-3:1" (also "float:LO:HI", "int:LO:HI", "choice:A,B,C")',
+            semantic=False,
+        ),
+        _o(
+            "keys",
+            "list[str]",
+            [],
+            "the keys of space that are tuned ([] = all); a sweep variant sets its own",
+            semantic=False,
+        ),
+        _o("trials", "int", 16, "trials per study (per variant under `sweep --tune`)", low=1, semantic=False),
+        _o(
+            "metric",
+            "str",
+            "",
+            'the validation metric to optimise, e.g. "validation_auroc" (required to tune)',
+            semantic=False,
+        ),
+        _o(
+            "pruner",
+            "str",
+            "median",
+            "stop unpromising trials early",
+            choices=("median", "halving", "none"),
+            semantic=False,
+        ),
+        _o(
+            "sampler",
+            "str",
+            "tpe",
+            "how trials are proposed (seeded with run.seed)",
+            choices=("tpe", "random"),
+            semantic=False,
+        ),
+        _o("jobs", "int", 1, "trials in parallel (worker processes)", low=1, semantic=False),
+    ],
+    # ---- end [tune]
 }
 """Every fixed key, by section (``""`` = top level).  Sections ``model``, ``algorithm`` and
 ``attack`` also take the named object's own options; ``data.dataset_options`` and
 ``data.partition_options`` are checked against the named loader / partitioner."""
 
-SECTIONS = ("data", "model", "objective", "algorithm", "attack", "run", "output", "sweep")
+SECTIONS = ("data", "model", "objective", "algorithm", "attack", "run", "output", "sweep", "tune")
+NOT_RUN_SECTIONS = ("sweep", "tune")
+"""Sections that describe how runs are driven (sweeps, tuning), not one run: left out of run configs."""
 OPTIONAL_TABLES = {"data.binarize", "data.feature_noise", "data.label_noise"}
 
 
@@ -622,7 +668,7 @@ class ExperimentConfig:
 
     def run_values(self) -> dict[str, Any]:
         """The resolved values of one run (no ``[sweep]`` table)."""
-        out = {k: v for k, v in self.values.items() if k != "sweep"}
+        out = {k: v for k, v in self.values.items() if k not in NOT_RUN_SECTIONS}
         data = out.get("data")
         if data is not None:  # absent optional tables stay absent (not "none")
             out["data"] = {k: v for k, v in data.items() if not (f"data.{k}" in OPTIONAL_TABLES and v is None)}
@@ -642,7 +688,7 @@ class ExperimentConfig:
 def semantic_view(values: Mapping[str, Any]) -> dict[str, Any]:
     """Flattened ``values`` without the keys marked ``semantic=False`` and without [sweep]."""
     skip = {(f"{sec}.{o.key}" if sec else o.key) for sec, opts in SCHEMA.items() for o in opts if not o.semantic}
-    flat = flatten(to_toml_value({k: v for k, v in values.items() if k != "sweep"}))
+    flat = flatten(to_toml_value({k: v for k, v in values.items() if k not in NOT_RUN_SECTIONS}))
     return {k: v for k, v in flat.items() if k not in skip and not k.startswith("output.")}
 
 
@@ -685,6 +731,7 @@ def resolve_config(
     _check_stage_rounds(algorithm, values["run"]["rounds"])
     values["output"] = _check_fixed("output", raw.get("output", {}))
     values["sweep"] = _resolve_sweep(raw.get("sweep", {}))
+    values["tune"] = _check_fixed("tune", raw.get("tune", {}))  # fedrisk.experiment.tune checks the space
     return ExperimentConfig(values=values, raw=raw, source=source)
 
 
