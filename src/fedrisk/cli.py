@@ -4,7 +4,7 @@
 
     fedrisk run CONFIG [--set key=value ...] [--out DIR] [--resume | --overwrite] [--plain | --quiet]
     fedrisk sweep CONFIG [--set key=value ...] [--grid key=v1,v2 ...] [--seeds N | --seeds 0,3,7]
-                  [--jobs J] [--out DIR] [--plain | --quiet]
+                  [--jobs J] [--tune TRIALS] [--out DIR] [--plain | --quiet]
     fedrisk tune CONFIG [--set key=value ...] [--space KEY=SPEC ...] [--trials N] [--metric M]
                  [--pruner median|halving|none] [--sampler tpe|random] [--jobs J] [--out DIR]
                  [--resume | --overwrite] [--quiet]
@@ -127,6 +127,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     jobs = args.jobs if args.jobs is not None else cfg["sweep.jobs"]
     check_range("--jobs", jobs, 1)
     out = Path(args.out) if args.out else Path(cfg["output.dir"] or f"runs/{cfg.name}")
+    if args.tune is not None:
+        check_range("--tune", args.tune, 1)
+        if grid:
+            raise FedriskError("--tune with a grid is ambiguous (the grid's keys would be tuned too); drop the grid")
+        from fedrisk.experiment.sweep import run_tuned_sweep
+
+        result = run_tuned_sweep(
+            cfg, out, trials=args.tune, variants=cfg["sweep.variants"], seeds=seeds, jobs=jobs, progress=_progress(args)
+        )
+        return _show_sweep(result)
     return _sweep(cfg, out, args, grid=grid, variants=cfg["sweep.variants"], seeds=seeds, jobs=jobs)
 
 
@@ -146,6 +156,10 @@ def _sweep(cfg: Any, out: Path, args: argparse.Namespace, *, grid: Any, variants
     from fedrisk.experiment.sweep import run_sweep
 
     result = run_sweep(cfg, out, grid=grid, variants=variants, seeds=seeds, jobs=jobs, progress=_progress(args))
+    return _show_sweep(result)
+
+
+def _show_sweep(result: Any) -> int:
     if result.report is not None:
         print()
         print(f"results ({_over_seeds(result.report)}):")
@@ -390,6 +404,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seeds", metavar="N|LIST", help="number of seeds (from run.seed) or a list like 0,1,2")
     p.add_argument("--jobs", type=int, metavar="J", help="runs in parallel (subprocesses; default sweep.jobs or 1)")
+    p.add_argument(
+        "--tune",
+        type=int,
+        metavar="TRIALS",
+        help="first tune every variant with TRIALS trials ([tune] table; each variant's tune.keys), then run the "
+        "selected configs over the seeds",
+    )
     p.add_argument("--out", metavar="DIR", help="the sweep directory (default: output.dir or runs/<config name>)")
     progress_flags(p)
     p.set_defaults(func=cmd_sweep)

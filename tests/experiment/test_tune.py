@@ -246,3 +246,40 @@ def test_kill_9_tune_resumes_with_every_finished_trial(tmp_path):
     after = outcome(out)
     assert after[: len(finished_before)] == finished_before  # no finished trial lost or redone
     assert after == outcome(tmp_path / "whole")
+
+
+# ----------------------------------------------------------------------------- sweep --tune
+
+
+def test_sweep_tune_tunes_each_variant_then_runs_the_seeds(tmp_path):
+    from fedrisk.experiment.sweep import run_tuned_sweep
+
+    cfg = cfg_of(run={"rounds": 2, "eval_every": 1})
+    variants = {
+        "avg": {"algorithm.name": "fedavg", "tune.keys": ["algorithm.lr"]},
+        "prox": {"algorithm.name": "fedprox", "tune.keys": ["algorithm.lr"]},
+    }
+    result = run_tuned_sweep(cfg, tmp_path, trials=2, variants=variants, seeds=[0, 1], progress="none")
+    assert not result.failed and len(result.points) == 4
+    for name in variants:
+        best = json.loads((tmp_path / name / "tune" / "best.json").read_text())
+        tuned = json.loads((tmp_path / name / "tuned.json").read_text())
+        assert tuned["params"] == best["params"] and best["trials"] == 2
+        for seed in (0, 1):  # the seed runs use the selected value
+            run_cfg = load_config(tmp_path / name / f"seed={seed}" / "config.toml")
+            assert run_cfg["algorithm.lr"] == best["params"]["algorithm.lr"] and run_cfg["run.seed"] == seed
+    assert "| configuration | tuned |" in result.report.table
+    assert f"lr={tuned['params']['algorithm.lr']:.4g}" in result.report.table
+    # the trials stay out of the sweep's report; re-running continues (nothing left to do)
+    assert len(result.report.groups) == 2
+    again = run_tuned_sweep(cfg, tmp_path, trials=2, variants=variants, seeds=[0, 1], progress="none")
+    assert len(again.skipped) == 4
+
+
+def test_sweep_tune_without_tunable_key_is_an_error(tmp_path):
+    from fedrisk.experiment.sweep import run_tuned_sweep
+
+    cfg = cfg_of(tune={"space": {}})
+    with pytest.raises(FedriskError, match="sweep variant 'avg' has no tunable key"):
+        run_tuned_sweep(cfg, tmp_path, trials=2, variants={"avg": {"algorithm.name": "fedavg"}}, progress="none")
+    assert not any(tmp_path.iterdir())  # checked before anything ran
