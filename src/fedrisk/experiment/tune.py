@@ -231,6 +231,7 @@ class TuneSpec:
     sampler: str = "tpe"
     seed: int = 0
     jobs: int = 1
+    warmup: int = 0  # rounds before which no trial is pruned
 
     @property
     def direction(self) -> str:
@@ -244,6 +245,7 @@ class TuneSpec:
             "pruner": self.pruner,
             "sampler": self.sampler,
             "seed": self.seed,
+            "warmup": self.warmup,
         }
 
 
@@ -274,6 +276,7 @@ def tune_spec(
         sampler=cfg["tune.sampler"] if sampler is None else sampler,
         seed=cfg["run.seed"],
         jobs=cfg["tune.jobs"] if jobs is None else jobs,
+        warmup=cfg["run.rounds"] // 4,
     )
     if spec.trials < 1 or spec.jobs < 1:
         raise FedriskError(f"--trials = {spec.trials}, --jobs = {spec.jobs}: both must be >= 1")
@@ -301,8 +304,10 @@ def _optuna() -> Any:
 
 
 def startup_trials(trials: int) -> int:
-    """Trials proposed at random before the TPE model (and the pruner) take over: a quarter of
-    the budget, between 2 and 10 (Optuna's default of 10 suits budgets of 40+)."""
+    """Trials proposed at random before the TPE model (and the median pruner) take over: a
+    quarter of the budget, between 2 and 10 (Optuna's default of 10 suits budgets of 40+).
+    The median rule also waits for a quarter of the rounds (``TuneSpec.warmup``): methods that
+    start slowly are not cut at their first evaluation."""
     return max(2, min(10, trials // 4))
 
 
@@ -355,7 +360,7 @@ class _Reseeded:
 def make_pruner(spec: TuneSpec) -> Any:
     optuna = _optuna()
     if spec.pruner == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=startup_trials(spec.trials), n_warmup_steps=0)
+        return optuna.pruners.MedianPruner(n_startup_trials=startup_trials(spec.trials), n_warmup_steps=spec.warmup)
     if spec.pruner == "halving":
         return optuna.pruners.SuccessiveHalvingPruner()
     return optuna.pruners.NopPruner()
@@ -365,10 +370,26 @@ def storage_url(out: Path) -> str:
     return f"sqlite:///{(Path(out) / STUDY_FILE).resolve()}"
 
 
+def _connect(path: Path) -> Any:
+    """A SQLite connection in write-ahead-log mode without a sync per commit: a killed process
+    loses nothing it committed (the operating system holds the pages); only a power cut could
+    lose the last commits.  Each commit then costs microseconds instead of an fsync (about
+    20 ms on a busy disk, for every reported evaluation)."""
+    import sqlite3
+
+    conn = sqlite3.connect(str(path), timeout=60, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    return conn
+
+
 def open_study(out: Path, spec: TuneSpec, create: bool = False) -> tuple[Any, Any]:
-    """The study in ``out`` (SQLite, generous lock timeout for parallel workers) and its sampler."""
+    """The study in ``out`` (SQLite, see :func:`_connect`) and its sampler."""
     optuna = _optuna()
-    storage = optuna.storages.RDBStorage(storage_url(out), engine_kwargs={"connect_args": {"timeout": 60}})
+    db = (Path(out) / STUDY_FILE).resolve()
+    storage = optuna.storages.RDBStorage(
+        storage_url(out), engine_kwargs={"creator": lambda: _connect(db)}, skip_compatibility_check=True
+    )
     sampler = _Reseeded(spec)
     if create:
         study = optuna.create_study(
@@ -402,6 +423,19 @@ def _flock(path: Path, blocking: bool = True) -> Iterator[None]:
 # ============================================================================= trials
 
 
+def prune_from(spec: TuneSpec, trials: Sequence[Any]) -> float:
+    """The first round at which the pruner may stop a trial proposed after ``trials``: asking it
+    earlier costs a read of the whole study per evaluation for a certain "no" (the median rule
+    needs ``startup_trials`` complete trials and waits ``warmup`` rounds; with parallel workers,
+    trials completing meanwhile are not counted, which only prunes later)."""
+    if spec.pruner == "none":
+        return math.inf
+    if spec.pruner == "median":
+        complete = sum(t.state.name == "COMPLETE" for t in trials)
+        return spec.warmup if complete >= startup_trials(spec.trials) else math.inf
+    return 0
+
+
 class _MetricMissing(FedriskError):
     """The tuned metric is not in the evaluation records: a config error, which stops the study."""
 
@@ -420,11 +454,13 @@ class Reporter(Callback):
     ``on_start`` replays the evaluations a resumed run already holds (``metrics.jsonl`` is the
     checkpoint's history by then), so the pruner sees the same steps as in an unbroken run."""
 
-    def __init__(self, trial: Any, metric: str, metrics_path: Path) -> None:
+    def __init__(self, trial: Any, metric: str, metrics_path: Path, prune_from: float = 0) -> None:
         self.trial = trial
         self.metric = metric
         self.metrics_path = metrics_path
+        self.prune_from = prune_from  # no pruning decision before this round (inf: none can come)
         self.steps: dict[int, float] = {}
+        self.cost = [0.0, 0.0]  # wall and CPU seconds spent talking to Optuna (the tuner's, not the trial's)
 
     def on_start(self, sim: Any) -> None:
         for record in read_jsonl(self.metrics_path):
@@ -444,8 +480,12 @@ class Reporter(Callback):
         if step in self.steps:
             return
         self.steps[step] = value
+        t0, c0 = time.perf_counter(), time.process_time()
         self.trial.report(value, step)
-        if self.trial.should_prune():
+        prune = step >= self.prune_from and self.trial.should_prune()
+        self.cost[0] += time.perf_counter() - t0
+        self.cost[1] += time.process_time() - c0
+        if prune:
             raise Pruned(step)
 
     def best(self, lower: bool) -> tuple[float, int]:
@@ -481,28 +521,31 @@ def run_trial(
         trial.set_user_attr("run_dir", run_dir)
     path = out / run_dir
     rd = RunDir(path)
-    reporter = Reporter(trial, spec.metric, rd.metrics)
+    reporter = Reporter(trial, spec.metric, rd.metrics, prune_from(spec, trials))
     shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={short(v)}" for k, v in params.items())
     index = trial.user_attrs.get("index", used)
     trial.set_user_attr("index", index)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
+    caught: list[warnings.WarningMessage] = []
     try:
-        cfg = base.with_overrides({**params, "run.seeds": [], "output.plots": False})
-        status = rd.status()
-        if status == "finished":  # killed after the run, before Optuna heard: replay its evaluations
-            for record in read_jsonl(rd.metrics):
-                reporter.report(record)
-        else:
-            run_experiment(
-                cfg,
-                path,
-                resume=status == "checkpointed",
-                overwrite=status == "started",
-                progress="none",
-                callbacks=[reporter],
-            )
+        with warnings.catch_warnings(record=True) as caught:  # a proposal's warnings go to trials.md, once
+            warnings.simplefilter("always")
+            cfg = base.with_overrides({**params, "run.seeds": [], "output.plots": False})
+            status = rd.status()
+            if status == "finished":  # killed after the run, before Optuna heard: replay its evaluations
+                for record in read_jsonl(rd.metrics):
+                    reporter.report(record)
+            else:
+                run_experiment(
+                    cfg,
+                    path,
+                    resume=status == "checkpointed",
+                    overwrite=status == "started",
+                    progress="none",
+                    callbacks=[reporter],
+                )
     except Pruned as exc:
-        trial.set_user_attr("seconds", time.perf_counter() - t0)
+        _note_warnings(trial, caught, t0, c0, reporter.cost)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         echo(f"[trial {index + 1}/{spec.trials}] {shown}: pruned at round {exc.round}")
         return True
@@ -512,12 +555,13 @@ def run_trial(
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
         raise
     except FedriskError as exc:
+        _note_warnings(trial, caught, t0, c0, reporter.cost)
         trial.set_user_attr("error", str(exc))
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
         echo(f"[trial {index + 1}/{spec.trials}] {shown}: FAILED: {exc}")
         return True
     value, best_round = reporter.best(lower_is_better(spec.metric))
-    trial.set_user_attr("seconds", time.perf_counter() - t0)
+    _note_warnings(trial, caught, t0, c0, reporter.cost)
     trial.set_user_attr("round", best_round)
     if math.isnan(value):
         trial.set_user_attr("error", f"no finite {spec.metric}")
@@ -527,6 +571,18 @@ def run_trial(
     study.tell(trial, value)
     echo(f"[trial {index + 1}/{spec.trials}] {shown}: {spec.metric} = {value:.4f} (round {best_round})")
     return True
+
+
+def _note_warnings(
+    trial: Any, caught: Sequence[warnings.WarningMessage], t0: float, c0: float, cost: Sequence[float]
+) -> None:
+    """Keep a trial's wall and CPU seconds (without the reporter's exchanges with Optuna) and its
+    distinct warnings (e.g. a step size beyond a theorem's bound) as user attributes."""
+    trial.set_user_attr("seconds", time.perf_counter() - t0 - cost[0])
+    trial.set_user_attr("cpu_seconds", time.process_time() - c0 - cost[1])
+    seen = list(dict.fromkeys(w.category.__name__ for w in caught))
+    if seen:
+        trial.set_user_attr("warnings", seen)
 
 
 # ============================================================================= the command
@@ -560,7 +616,9 @@ def _read_spec_file(out: Path) -> dict[str, Any]:
     return tomllib.loads((out / SPEC_FILE).read_text())
 
 
-def prepare_study(out: Path, base: ExperimentConfig, spec: TuneSpec, *, resume: bool, overwrite: bool) -> None:
+def prepare_study(
+    out: Path, base: ExperimentConfig, spec: TuneSpec, *, resume: bool, overwrite: bool
+) -> tuple[Any, Any]:
     """Create the study in ``out``, or check that it is the same study and recover its
     interrupted trials (``resume``)."""
     exists = (out / STUDY_FILE).is_file()
@@ -578,8 +636,7 @@ def prepare_study(out: Path, base: ExperimentConfig, spec: TuneSpec, *, resume: 
     out.mkdir(parents=True, exist_ok=True)
     if not exists:
         atomic_write_text(out / SPEC_FILE, _spec_toml(base, spec))
-        open_study(out, spec, create=True)
-        return
+        return open_study(out, spec, create=True)
     saved = _read_spec_file(out)
     now = spec.settings()
     diffs = [k for k in now if saved["study"].get(k) != to_toml_value(now[k])]
@@ -594,7 +651,7 @@ def prepare_study(out: Path, base: ExperimentConfig, spec: TuneSpec, *, resume: 
             "options, or start again with --overwrite"
         )
     atomic_write_text(out / SPEC_FILE, _spec_toml(base, spec))
-    study, _ = open_study(out, spec)
+    study, sampler = open_study(out, spec)
     optuna = _optuna()
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         # a trial of a killed tune: failed (uncounted), then proposed again with the same values and run directory
@@ -602,6 +659,7 @@ def prepare_study(out: Path, base: ExperimentConfig, spec: TuneSpec, *, resume: 
         study.enqueue_trial(
             dict(t.params), user_attrs={k: v for k, v in t.user_attrs.items() if k in ("run_dir", "index")}
         )
+    return study, sampler
 
 
 def run_tune(
@@ -630,14 +688,13 @@ def run_tune(
     echo = echo or (lambda line: None)
     out.mkdir(parents=True, exist_ok=True)
     with _flock(out / ".tune.lock", blocking=False):
-        prepare_study(out, base, spec, resume=resume, overwrite=overwrite)
+        study, sampler = prepare_study(out, base, spec, resume=resume, overwrite=overwrite)
         if spec.jobs <= 1:
-            study, sampler = open_study(out, spec)
             while run_trial(study, sampler, base, spec, out, echo, out / ".ask.lock"):
                 pass
         else:
             _run_workers(out, spec, echo)
-        return write_outputs(out, base, spec, plots=plots)
+        return write_outputs(out, base, spec, plots=plots, study=study)
 
 
 def _run_workers(out: Path, spec: TuneSpec, echo: Callable[[str], None]) -> None:
@@ -707,6 +764,7 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
         pruner=st["pruner"],
         sampler=st["sampler"],
         seed=st["seed"],
+        warmup=st["warmup"],
     )
     study, sampler = open_study(out, spec)
     try:
@@ -756,6 +814,8 @@ def trials_table(trials: Sequence[Any], spec: TuneSpec, best_number: int | None)
             state,
             f"{t.user_attrs['seconds']:.1f}" if "seconds" in t.user_attrs else "–",
         ]
+        if "warnings" in t.user_attrs:
+            row[-2] += " (" + "; ".join(t.user_attrs["warnings"]) + ")"
         if t.number == best_number:
             row = [f"**{c}**" for c in row]
         lines.append("| " + " | ".join(row) + " |")
@@ -796,9 +856,12 @@ def plot_history(trials: Sequence[Any], spec: TuneSpec, path: Path) -> Path:
     return path
 
 
-def write_outputs(out: Path, base: ExperimentConfig, spec: TuneSpec, plots: bool = True) -> TuneResult:
+def write_outputs(
+    out: Path, base: ExperimentConfig, spec: TuneSpec, plots: bool = True, study: Any = None
+) -> TuneResult:
     """``best.toml``, ``trials.md``, ``history.png`` (and ``best.json``) of the study in ``out``."""
-    study, _ = open_study(out, spec)
+    if study is None:
+        study, _ = open_study(out, spec)
     trials = sorted(study.get_trials(deepcopy=False), key=lambda t: (t.user_attrs.get("index", t.number), t.number))
     trials = [t for t in trials if not (t.state.name == "FAIL" and "error" not in t.user_attrs)]
     best = best_trial(study)
