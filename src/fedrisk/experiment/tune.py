@@ -188,7 +188,9 @@ def check_space(cfg: ExperimentConfig, space: Mapping[str, Dimension], where: st
             raise FedriskError(f"{where} {key}: not a tunable key; allowed: keys of [data], [model], [algorithm], ...")
         for value in dim.values():
             try:
-                cfg.with_overrides({key: value})
+                with warnings.catch_warnings():  # a bound may be a poor value (a theorem's step bound): not an error
+                    warnings.simplefilter("ignore")
+                    cfg.with_overrides({key: value})
             except FedriskError as exc:
                 raise FedriskError(f"{where} {key} = {dim.spec!r}: {exc}") from None
 
@@ -846,6 +848,9 @@ def plot_history(trials: Sequence[Any], spec: TuneSpec, path: Path) -> Path:
     ax.step(xs, ys, where="post", color="C1", label="best so far")
     ax.scatter([], [], color="C0", label="complete")
     ax.scatter([], [], color="C3", marker="x", label="pruned (last value)")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("trial")
     ax.set_ylabel(spec.metric)
     ax.legend(fontsize=8)
