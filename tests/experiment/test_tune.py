@@ -283,3 +283,13 @@ def test_sweep_tune_without_tunable_key_is_an_error(tmp_path):
     with pytest.raises(FedriskError, match="sweep variant 'avg' has no tunable key"):
         run_tuned_sweep(cfg, tmp_path, trials=2, variants={"avg": {"algorithm.name": "fedavg"}}, progress="none")
     assert not any(tmp_path.iterdir())  # checked before anything ran
+
+
+@pytest.mark.slow
+def test_parallel_workers_share_the_study(tmp_path):
+    cfg = cfg_of(tune={"trials": 4})
+    result = run_tune(cfg, tmp_path, tune_spec(cfg, jobs=2), plots=False)
+    assert len(result.trials) == 4 and {t.state.name for t in result.trials} <= {"COMPLETE", "PRUNED"}
+    assert len({t.user_attrs["run_dir"] for t in result.trials}) == 4
+    assert len(list((tmp_path / "trials").iterdir())) == 4
+    assert all((tmp_path / f"worker{i}.log").is_file() for i in (0, 1))
