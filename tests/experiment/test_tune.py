@@ -268,6 +268,17 @@ def test_sweep_tune_tunes_each_variant_then_runs_the_seeds(tmp_path):
         for seed in (0, 1):  # the seed runs use the selected value
             run_cfg = load_config(tmp_path / name / f"seed={seed}" / "config.toml")
             assert run_cfg["algorithm.lr"] == best["params"]["algorithm.lr"] and run_cfg["run.seed"] == seed
+    # seed 0 (= run.seed, the study's seed) is the best trial's run, copied: the same numbers as running it afresh
+    best = json.loads((tmp_path / "avg" / "tune" / "best.json").read_text())
+    copied = read_jsonl(tmp_path / "avg" / "seed=0" / "metrics.jsonl")
+    assert copied == read_jsonl(tmp_path / "avg" / "tune" / best["run_dir"] / "metrics.jsonl")
+    fresh = run_experiment(
+        load_config(tmp_path / "avg" / "seed=0" / "config.toml"), tmp_path / "fresh", progress="none"
+    )
+    drop = ("wall_time",)
+    assert [{k: v for k, v in r.items() if k not in drop} for r in fresh.history.records] == [
+        {k: v for k, v in r.items() if k not in drop} for r in copied
+    ]
     assert "| configuration | tuned |" in result.report.table
     assert f"lr={tuned['params']['algorithm.lr']:.4g}" in result.report.table
     # the trials stay out of the sweep's report; re-running continues (nothing left to do)

@@ -302,9 +302,31 @@ def run_tuned_sweep(
         atomic_write_text(folder / TUNED_FILE, json.dumps(info, indent=2) + "\n")
         picked = f"{shown_params(result.best_params)} ({spec.metric} = {result.best_value:.4f})"
         echo(f"tune {name or '(base)'}: selected {picked}")
+        _reuse_best_trial(cfg, tuned[name], folder, seeds, result.best_run, echo)
     if named.keys() == {""}:
         return run_sweep(cfg.with_overrides(tuned[""]), out, seeds=seeds, jobs=jobs, progress=progress, stream=stream)
     return run_sweep(cfg, out, variants=tuned, seeds=seeds, jobs=jobs, progress=progress, stream=stream)
+
+
+def _reuse_best_trial(cfg, overrides, folder, seeds, best_run, echo) -> None:
+    """The study ran on ``run.seed``: when that seed is among the sweep's, its run is the best
+    trial's run (the same config, seed and code: the same numbers), copied instead of repeated."""
+    import shutil
+
+    seed = cfg["run.seed"]
+    point = RunDir(folder / f"seed={seed}")
+    if seed not in (seeds or [seed]) or point.status() != "empty" or best_run is None:
+        return
+    trial = RunDir(best_run)
+    if trial.status() != "finished":
+        return
+    want = cfg.with_overrides({**overrides, "run.seed": seed, "run.seeds": []}).semantic()
+    from fedrisk.experiment.config import load_config
+
+    if load_config(trial.config).semantic() != want:
+        return
+    shutil.copytree(trial.path, point.path, dirs_exist_ok=True)
+    echo(f"  seed={seed}: the best trial's run ({trial.path}), copied to {point.path}")
 
 
 def shown_params(params: Mapping[str, Any]) -> str:

@@ -601,6 +601,7 @@ class TuneResult:
     trials: list[Any] = field(repr=False)
     table: str = ""
     files: list[Path] = field(default_factory=list)
+    best_run: Path | None = None  # the best trial's run directory
 
 
 def _spec_toml(base: ExperimentConfig, spec: TuneSpec) -> str:
@@ -904,7 +905,8 @@ def write_outputs(
     files += [out / "best.toml", out / "best.json"]
     if plots:
         files.append(plot_history(trials, spec, out / "history.png"))
-    return TuneResult(out, params, best.value, int(best.user_attrs.get("round", -1)), trials, table, files)
+    best_run = out / best.user_attrs["run_dir"] if "run_dir" in best.user_attrs else None
+    return TuneResult(out, params, best.value, int(best.user_attrs.get("round", -1)), trials, table, files, best_run)
 
 
 if __name__ == "__main__":  # a worker of a parallel tune (see _run_workers)
