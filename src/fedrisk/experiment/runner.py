@@ -701,7 +701,7 @@ def _run(
     executor: Executor,
     show: Progress,
     guard: SignalGuard,
-    extra: Sequence[Callback] = (),
+    user_callbacks: Sequence[Callback] = (),
 ) -> RunResult:
     built = build_simulation(cfg, seed, executor=executor, client_store=rd.client_states)
     sim = built.simulation
@@ -742,7 +742,7 @@ def _run(
         tracking = open_tracking(cfg, rd.path, seed=seed, resume_round=None if ckpt is None else sim.round)
         if tracking is not None:  # TensorBoard / MLflow ([output] tensorboard, mlflow)
             callbacks.append(tracking)
-    callbacks += [show, checkpointer, *extra]
+    callbacks += [show, checkpointer, *user_callbacks]
     finished = False
     try:
         run_simulation(
