@@ -271,7 +271,7 @@ def run_tuned_sweep(
 
     Every variant is checked (its space and the metric) before the first trial starts.
     """
-    from fedrisk.experiment.tune import run_tune, tune_spec
+    from fedrisk.experiment.tune import run_tune, select_overrides, tune_spec
 
     out = Path(out)
     stream = stream if stream is not None else sys.stderr
@@ -296,7 +296,7 @@ def run_tuned_sweep(
         shown = ", ".join(f"{k}={d.spec}" for k, d in spec.space.items())
         echo(f"tune {name or '(base)'}: {spec.trials} trials of {shown} on {spec.metric} -> {study}")
         result = run_tune(vcfg, study, spec, resume=resume, echo=lambda line, n=name: echo(f"  {n} {line}".rstrip()))
-        tuned[name] = {**named[name], **result.best_params}
+        tuned[name] = {**named[name], **result.best_params, **select_overrides(vcfg, spec.metric)}
         folder.mkdir(parents=True, exist_ok=True)
         info = {"params": result.best_params, "metric": spec.metric, "value": result.best_value, "trials": trials}
         atomic_write_text(folder / TUNED_FILE, json.dumps(info, indent=2) + "\n")

@@ -219,6 +219,12 @@ def check_metric(cfg: ExperimentConfig, metric: str) -> None:
         )
 
 
+def select_overrides(cfg: ExperimentConfig, metric: str) -> dict[str, Any]:
+    """``{"run.select_by": metric}`` where the config has model selection (``run.select_by``), so
+    that tuned runs report and save the round their validation metric selects; else ``{}``."""
+    return {"run.select_by": metric} if "select_by" in cfg.section("run") else {}
+
+
 # ============================================================================= the study's settings
 
 
@@ -532,7 +538,8 @@ def run_trial(
     try:
         with warnings.catch_warnings(record=True) as caught:  # a proposal's warnings go to trials.md, once
             warnings.simplefilter("always")
-            cfg = base.with_overrides({**params, "run.seeds": [], "output.plots": False})
+            over = {**params, "run.seeds": [], "output.plots": False, **select_overrides(base, spec.metric)}
+            cfg = base.with_overrides(over)
             status = rd.status()
             if status == "finished":  # killed after the run, before Optuna heard: replay its evaluations
                 for record in read_jsonl(rd.metrics):
@@ -885,7 +892,8 @@ def write_outputs(
     if best is None:
         raise FedriskError(f"no trial of the tune in {out} completed (see {out / 'trials.md'}); nothing to select")
     params = {k: best.params[k] for k in spec.space}
-    raw = {k: v for k, v in apply_overrides(base.raw, params).items() if k != "sweep"}
+    raw = {k: v for k, v in apply_overrides(base.raw, {**params, **select_overrides(base, spec.metric)}).items()}
+    raw.pop("sweep", None)
     note = (
         f"# The best of {len(trials)} fedrisk tune trials ({spec.metric} = {best.value:.6g} at round "
         f"{best.user_attrs.get('round')}, trial {best.user_attrs.get('index', best.number) + 1}):\n"
