@@ -415,13 +415,20 @@ def counted(trial: Any) -> bool:
     return state in ("COMPLETE", "PRUNED", "RUNNING") or (state == "FAIL" and "error" in trial.user_attrs)
 
 
+WORKERS_LOCK = ".workers.lock"
+"""Held (shared) by every worker process for its life: a tune whose main process was killed
+leaves its workers finishing the study, and no new tune may touch the study until they end."""
+
+
 @contextlib.contextmanager
-def _flock(path: Path, blocking: bool = True) -> Iterator[None]:
+def _flock(path: Path, blocking: bool = True, shared: bool = False) -> Iterator[None]:
     with open(path, "a") as fh:
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            fcntl.flock(fh, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB))
         except BlockingIOError:
-            raise FedriskError(f"{path.parent} is in use by another fedrisk tune; wait for it or stop it") from None
+            raise FedriskError(
+                f"{path.parent} is in use by another fedrisk tune (or its worker processes); wait for it or stop it"
+            ) from None
         try:
             yield
         finally:
@@ -631,6 +638,8 @@ def prepare_study(
 ) -> tuple[Any, Any]:
     """Create the study in ``out``, or check that it is the same study and recover its
     interrupted trials (``resume``)."""
+    with _flock(out / WORKERS_LOCK, blocking=False):  # no worker of an earlier tune is still running
+        pass
     exists = (out / STUDY_FILE).is_file()
     if exists and overwrite:
         import shutil
@@ -776,16 +785,17 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
         seed=st["seed"],
         warmup=st["warmup"],
     )
-    study, sampler = open_study(out, spec)
-    try:
-        while run_trial(study, sampler, base, spec, out, lambda line: print(line, flush=True), out / ".ask.lock"):
-            pass
-    except RunInterrupted as exc:
-        print(str(exc), flush=True)
-        return exc.exit_code
-    except FedriskError as exc:
-        print(f"error: {exc}", flush=True)
-        return 2
+    with _flock(out / WORKERS_LOCK, shared=True):
+        study, sampler = open_study(out, spec)
+        try:
+            while run_trial(study, sampler, base, spec, out, lambda line: print(line, flush=True), out / ".ask.lock"):
+                pass
+        except RunInterrupted as exc:
+            print(str(exc), flush=True)
+            return exc.exit_code
+        except FedriskError as exc:
+            print(f"error: {exc}", flush=True)
+            return 2
     return 0
 
 
