@@ -46,16 +46,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import math
-import os
-import signal
-import subprocess
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,166 +58,42 @@ import tomli_w
 
 from fedrisk.api import Callback
 from fedrisk.errors import FedriskError
-from fedrisk.experiment.config import ExperimentConfig, apply_overrides, flatten, parse_literal, resolve_config
+from fedrisk.experiment.config import ExperimentConfig, resolve_config
 from fedrisk.experiment.outputs import RunDir, atomic_write_text, read_jsonl
 from fedrisk.experiment.runner import RunInterrupted, lower_is_better, run_experiment
-from fedrisk.experiment.types import format_value, to_toml_value
+from fedrisk.experiment.tune_outputs import TuneResult, write_outputs
+from fedrisk.experiment.tune_space import (
+    Dimension,
+    check_metric,
+    check_space,
+    config_space,
+    parse_dimension,
+    parse_space,
+    select_overrides,
+    short,
+)
+from fedrisk.experiment.types import to_toml_value
 
-KINDS = ("log", "float", "int", "logint", "choice")
-ALLOWED = "log:LO:HI (0 < LO < HI), float:LO:HI, int:LO:HI, logint:LO:HI, choice:A,B,..."
+__all__ = [
+    "Dimension",
+    "Pruned",
+    "Reporter",
+    "TuneResult",
+    "TuneSpec",
+    "open_study",
+    "parse_dimension",
+    "parse_space",
+    "run_tune",
+    "select_overrides",
+    "short",
+    "tune_spec",
+    "write_outputs",
+]
+
 SPEC_FILE = "tune.toml"
 STUDY_FILE = "study.db"
 STUDY_NAME = "fedrisk"
 TRIALS_DIR = "trials"
-NOT_TUNABLE = ("run.seed", "run.seeds", "sweep.", "tune.", "output.")
-
-
-# ============================================================================= search spaces
-
-
-@dataclass(frozen=True)
-class Dimension:
-    """One tuned key: ``kind`` in :data:`KINDS` with bounds or choices."""
-
-    key: str
-    kind: str
-    low: float | int | None = None
-    high: float | int | None = None
-    choices: tuple[Any, ...] = ()
-
-    @property
-    def spec(self) -> str:
-        """The canonical text, e.g. ``"log:0.001:1.0"``."""
-        if self.kind == "choice":
-            return "choice:" + ",".join(format_value(c) for c in self.choices)
-        return f"{self.kind}:{self.low}:{self.high}"
-
-    def suggest(self, trial: Any) -> Any:
-        """Optuna's proposal for this key in ``trial``."""
-        if self.kind == "choice":
-            return trial.suggest_categorical(self.key, list(self.choices))
-        if self.kind in ("int", "logint"):
-            return trial.suggest_int(self.key, int(self.low), int(self.high), log=self.kind == "logint")
-        return trial.suggest_float(self.key, float(self.low), float(self.high), log=self.kind == "log")
-
-    def values(self) -> list[Any]:
-        """Values that span the dimension (its bounds or its choices), to validate against the config."""
-        return list(self.choices) if self.kind == "choice" else [self.low, self.high]
-
-
-def short(value: Any) -> str:
-    """A proposed value for tables: floats to 4 significant digits."""
-    return f"{value:.4g}" if isinstance(value, float) else format_value(value)
-
-
-def parse_dimension(key: str, text: str) -> Dimension:
-    """``"log:1e-3:1"`` -> a log-uniform float dimension of ``key`` (see :data:`KINDS`)."""
-    from fedrisk.experiment.sweep import _split_top
-
-    def bad(why: str) -> FedriskError:
-        return FedriskError(f"search space {key} = {text!r} does not parse: {why}; allowed: {ALLOWED}")
-
-    if not isinstance(text, str):
-        raise bad("not a string")
-    kind, _, rest = text.strip().partition(":")
-    if kind not in KINDS:
-        raise bad(f"unknown kind {kind!r}")
-    if kind == "choice":
-        parts = [p.strip() for p in _split_top(rest)]
-        if not rest.strip() or any(not p for p in parts):
-            raise bad("empty choice")
-        choices = tuple(parse_literal(p) for p in parts)
-        if any(not isinstance(c, (str, int, float, bool)) for c in choices):
-            raise bad("choices must be numbers, strings or booleans")
-        if len(set(map(repr, choices))) != len(choices):
-            raise bad("repeated choice")
-        return Dimension(key, kind, choices=choices)
-    bounds = rest.split(":")
-    if len(bounds) != 2:
-        raise bad("expected two bounds LO:HI")
-    number = int if kind in ("int", "logint") else float
-    try:
-        low, high = (number(b) for b in bounds)
-    except ValueError:
-        raise bad(f"bounds must be {'integers' if number is int else 'numbers'}") from None
-    if not (math.isfinite(low) and math.isfinite(high)) or low >= high:
-        raise bad("need finite bounds with LO < HI")
-    if kind in ("log", "logint") and low <= 0:
-        raise bad("a log scale needs 0 < LO")
-    return Dimension(key, kind, low, high)
-
-
-def parse_space(items: Sequence[str]) -> dict[str, Dimension]:
-    """``["algorithm.lr=log:1e-3:1", ...]`` (``--space``) -> ``{key: Dimension}``."""
-    space: dict[str, Dimension] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key or any(not k for k in key.split(".")):
-            raise FedriskError(
-                f"--space expects KEY=SPEC with a dotted key (e.g. algorithm.lr=log:1e-3:1); got {item!r}"
-            )
-        if key in space:
-            raise FedriskError(f"--space {key} is given twice; give each key once")
-        space[key] = parse_dimension(key, text.strip())
-    return space
-
-
-def config_space(cfg: ExperimentConfig) -> dict[str, Dimension]:
-    """The config's ``[tune.space]`` restricted to ``tune.keys`` (all of it when empty)."""
-    table = flatten(cfg["tune.space"])
-    keys = cfg["tune.keys"] or list(table)
-    missing = [k for k in keys if k not in table]
-    if missing:
-        raise FedriskError(
-            f"tune.keys lists {', '.join(missing)}, not in tune.space; "
-            f"allowed: {', '.join(table) or '(tune.space is empty)'}"
-        )
-    return {k: parse_dimension(k, table[k]) for k in keys}
-
-
-def check_space(cfg: ExperimentConfig, space: Mapping[str, Dimension], where: str = "search space") -> None:
-    """Every key must be a config key whose type takes the dimension's values (bounds, choices)."""
-    for key, dim in space.items():
-        if any(key == p or (p.endswith(".") and key.startswith(p)) for p in NOT_TUNABLE):
-            raise FedriskError(f"{where} {key}: not a tunable key; allowed: keys of [data], [model], [algorithm], ...")
-        for value in dim.values():
-            try:
-                with warnings.catch_warnings():  # a bound may be a poor value (a theorem's step bound): not an error
-                    warnings.simplefilter("ignore")
-                    cfg.with_overrides({key: value})
-            except FedriskError as exc:
-                raise FedriskError(f"{where} {key} = {dim.spec!r}: {exc}") from None
-
-
-def check_metric(cfg: ExperimentConfig, metric: str) -> None:
-    """``metric`` must be a metric the runs evaluate on the validation split."""
-    if not metric:
-        raise FedriskError(
-            "no metric to tune: set tune.metric or pass --metric; allowed: a validation metric such as validation_auroc"
-        )
-    if not metric.startswith("validation_"):
-        raise FedriskError(
-            f"metric {metric!r} is not evaluated on the validation split; allowed: validation_<metric> "
-            "(e.g. validation_auroc): tuning on the test split would select on it"
-        )
-    if "validation" not in cfg["run.splits"]:
-        raise FedriskError(
-            f"metric {metric!r} needs the validation split: set data.validation_fraction (e.g. 0.2) and "
-            'run.splits = ["test", "validation"]'
-        )
-    name = metric.removeprefix("validation_")
-    if cfg["run.metrics"] and name not in cfg["run.metrics"]:
-        raise FedriskError(
-            f"metric {metric!r} is not evaluated: run.metrics = {format_value(cfg['run.metrics'])}; allowed: "
-            + ", ".join(f"validation_{m}" for m in cfg["run.metrics"])
-        )
-
-
-def select_overrides(cfg: ExperimentConfig, metric: str) -> dict[str, Any]:
-    """``{"run.select_by": metric}`` where the config has model selection (``run.select_by``), so
-    that tuned runs report and save the round their validation metric selects; else ``{}``."""
-    return {"run.select_by": metric} if "select_by" in cfg.section("run") else {}
 
 
 # ============================================================================= the study's settings
@@ -604,20 +475,6 @@ def _note_warnings(
 # ============================================================================= the command
 
 
-@dataclass
-class TuneResult:
-    """A finished study: the best values and where the outputs are."""
-
-    out: Path
-    best_params: dict[str, Any]
-    best_value: float
-    best_round: int
-    trials: list[Any] = field(repr=False)
-    table: str = ""
-    files: list[Path] = field(default_factory=list)
-    best_run: Path | None = None  # the best trial's run directory
-
-
 def _spec_toml(base: ExperimentConfig, spec: TuneSpec) -> str:
     doc = {
         "study": spec.settings(),
@@ -712,220 +569,7 @@ def run_tune(
             while run_trial(study, sampler, base, spec, out, echo, out / ".ask.lock"):
                 pass
         else:
-            _run_workers(out, spec, echo)
+            from fedrisk.experiment.tune_workers import run_workers
+
+            run_workers(out, spec, echo)
         return write_outputs(out, base, spec, plots=plots, study=study)
-
-
-def _run_workers(out: Path, spec: TuneSpec, echo: Callable[[str], None]) -> None:
-    """``spec.jobs`` worker processes (``python -m fedrisk.experiment.tune OUT``) share the study."""
-    threads = max(1, (os.cpu_count() or 1) // spec.jobs)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    env["PYTHONPATH"] = os.pathsep.join([str(Path.cwd()), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
-    procs = []
-    for i in range(spec.jobs):
-        log = open(out / f"worker{i}.log", "w")  # noqa: SIM115 - closed below
-        cmd = [sys.executable, "-m", "fedrisk.experiment.tune", str(out), "--trials", str(spec.trials)]
-        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
-    stop: list[int] = []
-
-    def handler(signum: int, frame: Any) -> None:
-        stop.append(signum)
-        for p, _ in procs:
-            p.send_signal(signum)
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    seen = 0
-    try:
-        while any(p.poll() is None for p, _ in procs):
-            time.sleep(0.5)
-            seen = _echo_new(out, seen, echo)
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-        for _, log in procs:
-            log.close()
-    _echo_new(out, seen, echo)
-    if stop:
-        raise FedriskError(f"tune stopped by a signal; continue with --resume ({out})")
-    bad = [(i, p.returncode) for i, (p, _) in enumerate(procs) if p.returncode != 0]
-    if bad:
-        i, code = bad[0]
-        tail = (out / f"worker{i}.log").read_text().strip().splitlines()[-1:]
-        raise FedriskError(f"tune worker {i} exited with status {code}: {' '.join(tail)} (log: {out}/worker{i}.log)")
-
-
-def _echo_new(out: Path, seen: int, echo: Callable[[str], None]) -> int:
-    lines = []
-    for log in sorted(out.glob("worker*.log")):
-        lines += [ln for ln in log.read_text().splitlines() if ln.startswith("[trial ")]
-    for line in lines[seen:]:
-        echo(line)
-    return max(seen, len(lines))
-
-
-def worker_main(argv: Sequence[str] | None = None) -> int:
-    """A worker of a parallel tune: runs trials of the study in ``OUT`` until the budget is spent."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m fedrisk.experiment.tune")
-    p.add_argument("out")
-    p.add_argument("--trials", type=int, required=True)
-    args = p.parse_args(argv)
-    out = Path(args.out)
-    saved = _read_spec_file(out)
-    source = Path(saved["source"]) if saved["source"] else None
-    base = resolve_config(saved["config"], source=source)
-    st = saved["study"]
-    spec = TuneSpec(
-        space={k: parse_dimension(k, v) for k, v in st["space"].items()},
-        trials=args.trials,
-        metric=st["metric"],
-        pruner=st["pruner"],
-        sampler=st["sampler"],
-        seed=st["seed"],
-        warmup=st["warmup"],
-    )
-    with _flock(out / WORKERS_LOCK, shared=True):
-        study, sampler = open_study(out, spec)
-        try:
-            while run_trial(study, sampler, base, spec, out, lambda line: print(line, flush=True), out / ".ask.lock"):
-                pass
-        except RunInterrupted as exc:
-            print(str(exc), flush=True)
-            return exc.exit_code
-        except FedriskError as exc:
-            print(f"error: {exc}", flush=True)
-            return 2
-    return 0
-
-
-# ============================================================================= outputs
-
-
-def best_trial(study: Any) -> Any | None:
-    done = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
-    if not done:
-        return None
-    lower = study.direction.name == "MINIMIZE"
-    return min(done, key=lambda t: (t.value if lower else -t.value, t.user_attrs.get("index", t.number)))
-
-
-def trials_table(trials: Sequence[Any], spec: TuneSpec, best_number: int | None) -> str:
-    """Markdown: one row per trial (proposal order), the best one in bold."""
-    keys = list(spec.space)
-    head = ["trial", *(k.rsplit(".", 1)[-1] for k in keys), spec.metric, "round", "state", "seconds"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
-    for t in trials:
-        if t.state.name == "FAIL" and "error" not in t.user_attrs:
-            continue  # interrupted, proposed again
-        if t.state.name == "COMPLETE":
-            value, state = f"{t.value:.4f}", "complete"
-        elif t.state.name == "PRUNED":
-            last = max(t.intermediate_values) if t.intermediate_values else None
-            value = f"({t.intermediate_values[last]:.4f})" if last is not None else "–"
-            state = f"pruned at {last}"
-        else:
-            value, state = "–", t.state.name.lower()
-        row = [
-            str(t.user_attrs.get("index", t.number) + 1),
-            *(short(t.params[k]) if k in t.params else "–" for k in keys),
-            value,
-            str(t.user_attrs.get("round", "–")),
-            state,
-            f"{t.user_attrs['seconds']:.1f}" if "seconds" in t.user_attrs else "–",
-        ]
-        if "warnings" in t.user_attrs:
-            row[-2] += " (" + "; ".join(t.user_attrs["warnings"]) + ")"
-        if t.number == best_number:
-            row = [f"**{c}**" for c in row]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
-
-
-def plot_history(trials: Sequence[Any], spec: TuneSpec, path: Path) -> Path:
-    """Each trial's value (pruned ones: their last reported value) and the best so far."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    lower = lower_is_better(spec.metric)
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    best, xs, ys = None, [], []
-    shown = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
-    for t in shown:
-        i = t.user_attrs.get("index", t.number) + 1
-        if t.state.name == "COMPLETE":
-            ax.scatter([i], [t.value], color="C0", zorder=3)
-            best = t.value if best is None else (min(best, t.value) if lower else max(best, t.value))
-        elif t.intermediate_values:
-            ax.scatter([i], [t.intermediate_values[max(t.intermediate_values)]], color="C3", marker="x", zorder=3)
-        if best is not None:
-            xs.append(i)
-            ys.append(best)
-    ax.step(xs, ys, where="post", color="C1", label="best so far")
-    ax.scatter([], [], color="C0", label="complete")
-    ax.scatter([], [], color="C3", marker="x", label="pruned (last value)")
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("trial")
-    ax.set_ylabel(spec.metric)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def write_outputs(
-    out: Path, base: ExperimentConfig, spec: TuneSpec, plots: bool = True, study: Any = None
-) -> TuneResult:
-    """``best.toml``, ``trials.md``, ``history.png`` (and ``best.json``) of the study in ``out``."""
-    if study is None:
-        study, _ = open_study(out, spec)
-    trials = sorted(study.get_trials(deepcopy=False), key=lambda t: (t.user_attrs.get("index", t.number), t.number))
-    trials = [t for t in trials if not (t.state.name == "FAIL" and "error" not in t.user_attrs)]
-    best = best_trial(study)
-    table = trials_table(trials, spec, best.number if best is not None else None)
-    counts = {s: sum(t.state.name == s for t in trials) for s in ("COMPLETE", "PRUNED", "FAIL")}
-    header = (
-        f"# Tune: {spec.metric} ({spec.direction}), {len(trials)} trials "
-        f"({counts['COMPLETE']} complete, {counts['PRUNED']} pruned, {counts['FAIL']} failed); "
-        f"sampler {spec.sampler} (seed {spec.seed}), pruner {spec.pruner}\n\n"
-        + "\n".join(f"- `{k}`: `{d.spec}`" for k, d in spec.space.items())
-        + "\n\n"
-    )
-    atomic_write_text(out / "trials.md", header + table + "\n")
-    files = [out / "trials.md"]
-    if best is None:
-        raise FedriskError(f"no trial of the tune in {out} completed (see {out / 'trials.md'}); nothing to select")
-    params = {k: best.params[k] for k in spec.space}
-    raw = {k: v for k, v in apply_overrides(base.raw, {**params, **select_overrides(base, spec.metric)}).items()}
-    raw.pop("sweep", None)
-    note = (
-        f"# The best of {len(trials)} fedrisk tune trials ({spec.metric} = {best.value:.6g} at round "
-        f"{best.user_attrs.get('round')}, trial {best.user_attrs.get('index', best.number) + 1}):\n"
-        + "".join(f"#   {k} = {format_value(v)}\n" for k, v in params.items())
-    )
-    atomic_write_text(out / "best.toml", note + tomli_w.dumps(to_toml_value(raw)))
-    summary = {
-        "metric": spec.metric,
-        "value": best.value,
-        "round": best.user_attrs.get("round"),
-        "params": params,
-        "trial": best.user_attrs.get("index", best.number),
-        "run_dir": best.user_attrs.get("run_dir"),
-        "trials": len(trials),
-    }
-    atomic_write_text(out / "best.json", json.dumps(summary, indent=2) + "\n")
-    files += [out / "best.toml", out / "best.json"]
-    if plots:
-        files.append(plot_history(trials, spec, out / "history.png"))
-    best_run = out / best.user_attrs["run_dir"] if "run_dir" in best.user_attrs else None
-    return TuneResult(out, params, best.value, int(best.user_attrs.get("round", -1)), trials, table, files, best_run)
-
-
-if __name__ == "__main__":  # a worker of a parallel tune (see _run_workers)
-    sys.exit(worker_main())
