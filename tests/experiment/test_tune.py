@@ -304,3 +304,18 @@ def test_parallel_workers_share_the_study(tmp_path):
     assert len({t.user_attrs["run_dir"] for t in result.trials}) == 4
     assert len(list((tmp_path / "trials").iterdir())) == 4
     assert all((tmp_path / f"worker{i}.log").is_file() for i in (0, 1))
+
+
+def test_cli_sweep_tune_errors_are_one_line(tmp_path, capsys):
+    from fedrisk.cli import main
+
+    raw = {**RAW, "tune": {"metric": "validation_auroc"}, "sweep": {"variants": {"avg": {"algorithm.name": "fedavg"}}}}
+    path = tmp_path / "c.toml"
+    path.write_text(tomli_w.dumps(raw))
+    assert main(["sweep", str(path), "--tune", "2", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: sweep variant 'avg' has no tunable key") and err.count("\n") == 1
+    assert main(["sweep", str(path), "--tune", "2", "--grid", "algorithm.lr=0.1,0.2"]) == 2
+    assert "--tune with a grid" in capsys.readouterr().err
+    assert main(["sweep", str(path), "--tune", "0"]) == 2
+    assert not (tmp_path / "o").exists()
