@@ -147,7 +147,14 @@ def check_space(cfg: ExperimentConfig, space: Mapping[str, Dimension], where: st
 
 
 def check_metric(cfg: ExperimentConfig, metric: str) -> None:
-    """``metric`` must be a metric the runs evaluate on the validation split."""
+    """``metric`` must be a metric the runs evaluate on the validation split.
+
+    Where the config has model selection (``run.select_by``, whose check is
+    ``config.check_select_by``), that check decides: it also takes the per-client validation
+    summaries ``validation_personal_<metric>_<stat>``, and the runs evaluate the validation split
+    they select on by themselves."""
+    from fedrisk.experiment import config as config_module
+
     if not metric:
         raise FedriskError(
             "no metric to tune: set tune.metric or pass --metric; allowed: a validation metric such as validation_auroc"
@@ -157,6 +164,13 @@ def check_metric(cfg: ExperimentConfig, metric: str) -> None:
             f"metric {metric!r} is not evaluated on the validation split; allowed: validation_<metric> "
             "(e.g. validation_auroc): tuning on the test split would select on it"
         )
+    check_select_by = getattr(config_module, "check_select_by", None)
+    if check_select_by is not None and "select_by" in cfg.section("run"):
+        try:
+            check_select_by(metric, cfg.section("data"), cfg["run.metrics"])
+        except FedriskError as exc:
+            raise FedriskError(f"metric {metric!r}: {exc}") from None
+        return
     if "validation" not in cfg["run.splits"]:
         raise FedriskError(
             f"metric {metric!r} needs the validation split: set data.validation_fraction (e.g. 0.2) and "
