@@ -109,7 +109,7 @@ def test_bad_keys_metrics_and_empty_space_are_errors():
         tune_spec(cfg, metric="test_auroc")
     with pytest.raises(FedriskError, match=r"'validation_accuracy'.* not evaluated.*auroc"):
         tune_spec(cfg, metric="validation_accuracy")
-    with pytest.raises(FedriskError, match="needs (the|a) validation split"):
+    with pytest.raises(FedriskError, match=r"needs (the|a) validation split"):
         tune_spec(cfg_of(run={"splits": ["test"]}, data={"validation_fraction": 0.0}))
     with pytest.raises(FedriskError, match="no metric to tune"):
         tune_spec(cfg_of(tune={"metric": ""}))
