@@ -142,7 +142,20 @@ def test_shipped_configs_are_valid(path):
 
 @pytest.mark.parametrize(
     "module",
-    ["types", "config", "outputs", "progress", "runner", "plots", "report", "sweep", "tune", "tune_space", "__init__"],
+    [
+        "schema",
+        "sections",
+        "config",
+        "outputs",
+        "progress",
+        "runner",
+        "plots",
+        "report",
+        "sweep",
+        "tune",
+        "tune_space",
+        "__init__",
+    ],
 )
 def test_doctests(module, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # examples that write run directories write them here

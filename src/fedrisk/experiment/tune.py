@@ -61,6 +61,7 @@ from fedrisk.errors import FedriskError
 from fedrisk.experiment.config import ExperimentConfig, resolve_config
 from fedrisk.experiment.outputs import RunDir, atomic_write_text, read_jsonl
 from fedrisk.experiment.runner import RunInterrupted, lower_is_better, run_experiment
+from fedrisk.experiment.schema import to_toml_value
 from fedrisk.experiment.tune_outputs import TuneResult, write_outputs
 from fedrisk.experiment.tune_space import (
     Dimension,
@@ -72,7 +73,6 @@ from fedrisk.experiment.tune_space import (
     select_overrides,
     short,
 )
-from fedrisk.experiment.types import to_toml_value
 
 __all__ = [
     "Dimension",

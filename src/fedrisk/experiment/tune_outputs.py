@@ -15,8 +15,8 @@ from fedrisk.errors import FedriskError
 from fedrisk.experiment.config import ExperimentConfig, apply_overrides
 from fedrisk.experiment.outputs import atomic_write_text
 from fedrisk.experiment.runner import lower_is_better
+from fedrisk.experiment.schema import format_value, to_toml_value
 from fedrisk.experiment.tune_space import select_overrides, short
-from fedrisk.experiment.types import format_value, to_toml_value
 
 if TYPE_CHECKING:
     from fedrisk.experiment.tune import TuneSpec

@@ -24,7 +24,7 @@ from typing import Any
 
 from fedrisk.errors import FedriskError
 from fedrisk.experiment.config import ExperimentConfig, flatten, parse_literal
-from fedrisk.experiment.types import format_value
+from fedrisk.experiment.schema import format_value
 
 KINDS = ("log", "float", "int", "logint", "choice")
 ALLOWED = "log:LO:HI (0 < LO < HI), float:LO:HI, int:LO:HI, logint:LO:HI, choice:A,B,..."
