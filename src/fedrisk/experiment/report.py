@@ -156,12 +156,28 @@ def _mb(record: Mapping[str, Any] | None) -> float | None:
     return None if record is None else (record.get("bytes_down", 0) + record.get("bytes_up", 0)) / MB
 
 
+def tuned_values(group: Group) -> str:
+    """The values ``fedrisk sweep --tune`` selected for a group (its folder's ``tuned.json``), or ""."""
+    import json
+
+    parents = {r.path.parent for r in group.runs}
+    if len(parents) != 1 or not (next(iter(parents)) / "tuned.json").is_file():
+        return ""
+    info = json.loads((next(iter(parents)) / "tuned.json").read_text())
+    return ", ".join(
+        f"{k.rsplit('.', 1)[-1]}={v:.4g}" if isinstance(v, float) else f"{k.rsplit('.', 1)[-1]}={format_value(v)}"
+        for k, v in info.get("params", {}).items()
+    )
+
+
 def markdown_table(groups: Sequence[Group], metrics: Sequence[str]) -> str:
-    """The results table: one row per configuration; each metric at the validation-selected
-    round (when any run selects) and at the last evaluation; the selected rounds; the budgets
-    spent (local steps per client, samples seen, MB communicated, wall time)."""
+    """The results table: one row per configuration (with the values ``fedrisk sweep --tune``
+    selected, for tuned sweeps); each metric at the validation-selected round (when any run
+    selects) and at the last evaluation; the selected rounds; the budgets spent (local steps per
+    client, samples seen, MB communicated, wall time)."""
     selecting = any(_selected(r) is not None for g in groups for r in g.runs)
-    head = ["configuration", "seeds", "rounds"]
+    tuned = [tuned_values(g) for g in groups]
+    head = ["configuration", *(["tuned"] if any(tuned) else []), "seeds", "rounds"]
     for m in metrics:
         head += ([f"selected {m}"] if selecting else []) + [f"final {m}"]
     if selecting:
@@ -170,7 +186,8 @@ def markdown_table(groups: Sequence[Group], metrics: Sequence[str]) -> str:
     rows = []
     for g in groups:
         rounds = sorted({int(r.records[-1]["round"]) for r in g.runs if r.records})
-        row = [g.label, str(len(g.runs)), "/".join(map(str, rounds)) or "0"]
+        row = [g.label, *([tuned[len(rows)] or "–"] if any(tuned) else []), str(len(g.runs))]
+        row.append("/".join(map(str, rounds)) or "0")
         lasts = [r.records[-1] if r.records else None for r in g.runs]
         chosen = [_selected(r) for r in g.runs]
         for m in metrics:
@@ -189,11 +206,12 @@ def markdown_table(groups: Sequence[Group], metrics: Sequence[str]) -> str:
         if unfinished:
             row[0] += f" ({unfinished} unfinished)"
         rows.append(row)
-    return _render(head, rows)
+    return _render(head, rows, text_columns=2 if any(tuned) else 1)
 
 
-def _render(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+def _render(head: Sequence[str], rows: Sequence[Sequence[str]], text_columns: int = 1) -> str:
+    align = "|" + "---|" * text_columns + "---:|" * (len(head) - text_columns)
+    lines = ["| " + " | ".join(head) + " |", align]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
