@@ -538,8 +538,10 @@ def load_fashion_mnist(
 ) -> LoadedDataset:
     """Fashion-MNIST from idx files.
 
-    Looks in ``<root>/FashionMNIST/raw/`` (torchvision layout), ``<root>/FashionMNIST/``,
-    ``<root>/fashion-mnist/``, ``<root>`` and then (unless ``search_system=False``) in
+    With ``data_root`` set, looks in ``<root>/FashionMNIST/raw/`` (torchvision layout),
+    ``<root>/FashionMNIST/``, ``<root>/fashion-mnist/`` and ``<root>``, and a root that does
+    not exist or lacks the files is an error naming it (never a silent switch to another
+    copy).  Without ``data_root`` (and unless ``search_system=False``) it reads
     :data:`FASHION_MNIST_SYSTEM_DIR`, where ``apt-get install dataset-fashion-mnist`` puts
     them.  Images ``[N, 1, 28, 28]`` in [0, 1] (``[N, 784]`` with ``flatten``).
 
@@ -549,14 +551,17 @@ def load_fashion_mnist(
         train.x.shape, len(test)  # (torch.Size([60000, 1, 28, 28]), 10000)
     """
     folders: list[Path] = []
-    if data_root is not None:
-        root = Path(data_root).expanduser()
-        folders += [
-            root / "FashionMNIST" / "raw",
-            root / "FashionMNIST",
-            root / "fashion-mnist",
-            root,
-        ]
+    if data_root is not None:  # an explicit folder must hold the files: no silent system copy
+        root = _need_root(data_root, "Fashion-MNIST", f"FashionMNIST/raw/ with {_IDX_LAYOUT}")
+        folders = [root / "FashionMNIST" / "raw", root / "FashionMNIST", root / "fashion-mnist", root]
+        files = _find_idx_set(folders)
+        if files is None:
+            raise DatasetMissingError(
+                f"Fashion-MNIST not found under data_root {str(root)!r}: expected {_IDX_LAYOUT} in "
+                f"{root / 'FashionMNIST' / 'raw'} or directly in {root} (unset data_root to use the "
+                f"system copy from `apt-get install dataset-fashion-mnist`)"
+            )
+        return _idx_dataset("fashion_mnist", files, FASHION_CLASSES, flatten)
     if search_system:
         folders.append(FASHION_MNIST_SYSTEM_DIR)
     files = _find_idx_set(folders)
