@@ -10,6 +10,7 @@ Example:
 """
 
 import fedrisk.data.games  # noqa: F401  (registers wgan_1d, nc_sc_quadratic)
+import fedrisk.data.sources as _sources  # noqa: F401  (registers table, arrays, image_folder)
 from fedrisk.data.build import build_federation
 from fedrisk.data.chexpert import load_chexpert
 from fedrisk.data.federation import Federation, PartitionReport, Samples
