@@ -9,8 +9,9 @@ Example:
     (4, 2)
 """
 
-import fedrisk.data.games  # noqa: F401  (registers wgan_1d, nc_sc_quadratic)
-import fedrisk.data.sources as _sources  # noqa: F401  (registers table, arrays, image_folder)
+import fedrisk.data.games  # registers wgan_1d, nc_sc_quadratic
+import fedrisk.data.ranking
+import fedrisk.data.sources  # noqa: F401  (registers synthetic_ranking; table, arrays, image_folder)
 from fedrisk.data.build import build_federation
 from fedrisk.data.chexpert import load_chexpert
 from fedrisk.data.federation import Federation, PartitionReport, Samples
