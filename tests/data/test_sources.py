@@ -76,6 +76,16 @@ def test_table_split_column_and_parquet_give_the_same_numbers(tmp_path: Path) ->
     assert a.meta.feature_names == ["age", "ward=gen", "ward=icu"]
 
 
+def test_table_attributes_are_coded_groups_for_partitions_and_metrics(csv: Path) -> None:
+    opts = {"path": str(csv), "label": "y", "features": ["age", "bmi"], "attributes": ["ward"]}
+    tr, te, meta = load_dataset("table", **opts)
+    assert meta.attr_names == {"ward": ["gen", "icu"]} and meta.feature_names == ["age", "bmi"]
+    wards = hospital()["ward"].map({"gen": 0, "icu": 1})
+    assert int(tr.attrs["ward"].sum() + te.attrs["ward"].sum()) == int(wards.sum())
+    fed = build_federation("table", "by_attribute", 2, dataset_options=opts, partition_options={"on": "ward"})
+    assert [set(c.attrs["ward"].tolist()) for c in fed.clients] == [{0}, {1}]
+
+
 def test_table_string_labels_are_numbered_in_sorted_order(tmp_path: Path) -> None:
     df = hospital()
     df["y"] = np.where(df["y"] == 1, "sick", "healthy")
