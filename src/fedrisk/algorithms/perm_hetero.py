@@ -117,6 +117,8 @@ class PERMHetero(PERM):
         super().__post_init__()
         if not self.widths:
             raise FedriskError("widths must name at least one width in (0, 1]")
+        if self.clients_per_round is not None:
+            raise FedriskError("perm_hetero runs at full participation; leave clients_per_round unset (or use 'perm')")
         if self.warmup != "uniform":
             raise FedriskError(
                 f"perm_hetero supports warmup = 'uniform' only (alpha uniform for warmup_rounds); got {self.warmup!r}"
@@ -153,7 +155,9 @@ class PERMHetero(PERM):
     def aggregate_other(self, ctx: RoundContext, state: dict, replies: Replies, gen: torch.Generator) -> Tree:
         r = int(state["round"]) - 1
         if r > 0 and r >= self.warmup_rounds:
-            state["alpha"] = weights_from_replies(state["alpha"], replies, ctx.fed.client_sizes, self.lam, "grad_full")
+            state["alpha"] = weights_from_replies(
+                state["alpha"], replies, ctx.fed.client_sizes, self.lam, "grad_full", out=state
+            )
         total = replies.sum("grad" if self.global_batch is not None else "grad_full")
         holders = tree_map(lambda m: m.sum(0).clamp_min(1.0), state["masks"])  # clients holding each coordinate
         state["w"] = tree_map(lambda p, s, c: p - self.global_lr * s / c, state["w"], total, holders)
@@ -174,4 +178,5 @@ class PERMHetero(PERM):
         params, loss = sgd_steps(
             objective, payload["params"], data, draws["batches"], step, lambda p, g: _masked(g, mask)
         )
-        return ClientResult({"params": params}, state, {"loss": loss})
+        reply = {"params": params, "weighted_loss": payload["alpha"].to(loss.dtype) * loss}
+        return ClientResult(reply, state, {"host_loss": loss})
