@@ -293,6 +293,10 @@ class PERMShuffling(Algorithm):
             state = self.end_of_epoch(ctx, state)
         return state
 
+    def weight_matrix(self, server_state: Tree) -> Tensor:
+        """The mixing weights alpha [N, N] (row i: client i's weights; ``alpha.csv`` of a run)."""
+        return server_state["alpha"]
+
     def state_metrics(self, server_state: Tree, federation: Any) -> dict[str, float]:
         """``train_loss``: the mean over the models of eq. (3)'s objective ``Phi(alpha_i, v_i)``
         over each model's last complete epoch (absent before the first epoch ends)."""
@@ -527,6 +531,8 @@ class PERMTwoStage(PERM):
     * then epochs of N shuffle rounds with the fixed alpha_hat (Alg. 1).
 
     ``global_batch`` and ``warmup_rounds`` do not apply (the global model is trained only in stage 1).
+    With ``clients_per_round`` only the shuffle epochs sample clients (stage 1 and the one
+    estimation use every client, so that alpha_hat has every row).
 
     Example:
         >>> from fedrisk.models import FunctionalModel, build_model
@@ -543,16 +549,18 @@ class PERMTwoStage(PERM):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_range("fedavg_rounds", self.fedavg_rounds, 0)
-        if self.clients_per_round is not None:
-            raise FedriskError(
-                "perm_two_stage runs at full participation; leave clients_per_round unset (partial participation: "
-                "'perm' or 'perm_shuffling')"
-            )
         if self.global_batch is not None or self.warmup_rounds or self.warmup != "uniform":
             raise FedriskError(
                 "perm_two_stage trains the global model by FedAvg in stage 1 (fedavg_rounds); global_batch, "
                 "warmup_rounds and warmup belong to single-loop 'perm' - leave them unset"
             )
+
+    def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
+        plan = super().configure(ctx, server_state, gen)
+        if plan.kind == "shuffle":
+            return plan
+        # stage 1 and the one estimation use every client (alpha_hat is fixed for the whole run)
+        return RoundPlan(list(range(ctx.fed.num_clients)), broadcast=plan.broadcast, kind=plan.kind)
 
     def round_kind(self, server_state: Tree) -> str:
         r = int(server_state["round"])

@@ -28,7 +28,6 @@ from fedrisk.algorithms.perm import (
     PERM,
     _estimate_gradients,
     _row,
-    hosted_owners,
     weights_from_replies,
 )
 from fedrisk.errors import FedriskError
@@ -117,8 +116,6 @@ class PERMHetero(PERM):
         super().__post_init__()
         if not self.widths:
             raise FedriskError("widths must name at least one width in (0, 1]")
-        if self.clients_per_round is not None:
-            raise FedriskError("perm_hetero runs at full participation; leave clients_per_round unset (or use 'perm')")
         if self.warmup != "uniform":
             raise FedriskError(
                 f"perm_hetero supports warmup = 'uniform' only (alpha uniform for warmup_rounds); got {self.warmup!r}"
@@ -138,17 +135,21 @@ class PERMHetero(PERM):
         return state
 
     def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
-        clients = list(range(ctx.fed.num_clients))
+        clients = server_state["members"].tolist()
         masks = server_state["masks"]
         if self.round_kind(server_state) == "estimate":
             w = server_state["w"]
             per_client = {k: {"params": _masked(w, _row(masks, k)), "mask": _row(masks, k)} for k in clients}
             return RoundPlan(clients, per_client=per_client, kind="estimate")
-        owner = hosted_owners(server_state["sigma"], int(server_state["j"]))
-        alpha, v = server_state["alpha"], server_state["v"]
+        hosts, owner = self.hosting(server_state)
+        v = server_state["v"]
         per_client = {
-            k: {"params": _row(v, i), "alpha": alpha[i, k], "mask": tree_map(lambda m, i=i, k=k: m[i] * m[k], masks)}
-            for k, i in zip(clients, owner.tolist())
+            k: {
+                "params": _row(v, i),
+                "alpha": self.visit_weight(server_state, i, k),
+                "mask": tree_map(lambda m, i=i, k=k: m[i] * m[k], masks),
+            }
+            for k, i in zip(hosts, owner.tolist())
         }
         return RoundPlan(clients, per_client=per_client, kind="shuffle")
 
