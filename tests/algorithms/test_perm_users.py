@@ -19,6 +19,7 @@ from fedrisk.experiment.personal_outputs import (
     CLIENTS_CSV,
     LAMBDA_GUIDE,
     personal_callbacks,
+    plot_personal,
     read_alpha,
     read_clients,
 )
@@ -212,6 +213,8 @@ def test_clients_and_alpha_files_hold_what_the_run_reported(tmp_path) -> None:
     torch.testing.assert_close(mats[-1]["alpha"], sim.server_state["alpha"], rtol=0, atol=0)
     guide = (tmp_path / LAMBDA_GUIDE).read_text()
     assert guide.startswith("round 6: PERM discrepancies") and "".join(lines) == guide
+    drawn = plot_personal([("perm lam=0.5", [tmp_path]), ("absent", [tmp_path / "none"])], tmp_path / "report")
+    assert [p.name for p in drawn] == ["clients_accuracy.png", "alpha_perm_lam_0.5.png"]
     # a resumed run drops the rows after its checkpoint before writing them again
     cb = personal_callbacks(tmp_path, None)
     sim.round = 5

@@ -191,6 +191,76 @@ def read_alpha(path: str | Path) -> list[dict[str, Any]]:
     return [{"round": r, "alpha": torch.tensor(m, dtype=torch.float64)} for r, m in by_round.items()]
 
 
+def _final_client_values(run_dir: Path, metric: str) -> list[float]:
+    path = run_dir / CLIENTS_CSV
+    if not path.is_file():
+        return []
+    rows = [r for r in read_clients(path) if metric in r and r[metric] != ""]
+    if not rows:
+        return []
+    last = max(r["round"] for r in rows)
+    return [float(r[metric]) for r in rows if r["round"] == last]
+
+
+def plot_personal(
+    groups: Sequence[tuple[str, Sequence[Path]]], out_dir: str | Path, metric: str = "accuracy"
+) -> list[Path]:
+    """Per-client plots of a report: ``clients_{metric}.png``, a box plot per configuration of
+    every client's final ``metric`` (each client's model on its own test split; seeds pooled),
+    and ``alpha_<label>.png``, the heat map of the final weight matrix of each configuration's
+    first run with an ``alpha.csv``.  ``groups``: (label, run directories).  Returns the files.
+
+    Example:
+        >>> plot_personal([("fedavg", [Path("no-such-run")])], ".")
+        []
+    """
+    series = [(label, [v for d in dirs for v in _final_client_values(Path(d), metric)]) for label, dirs in groups]
+    series = [(label, vals) for label, vals in series if vals]
+    alphas = []
+    for label, dirs in groups:
+        found = [Path(d) / ALPHA_CSV for d in dirs if (Path(d) / ALPHA_CSV).is_file()]
+        if found:
+            mats = read_alpha(found[0])
+            if mats:
+                alphas.append((label, mats[-1]))
+    if not series and not alphas:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    if series:
+        fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(series) + 1.5), 3.8))
+        ax.boxplot([v for _, v in series], showmeans=True)
+        ax.set_xticks(range(1, len(series) + 1), [label for label, _ in series], rotation=30, ha="right")
+        ax.set_ylabel(f"{metric} of each client's model on its own test split")
+        ax.set_title(f"per-client {metric} at the last evaluation")
+        ax.grid(alpha=0.3, axis="y")
+        fig.tight_layout()
+        path = out / f"clients_{metric}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    for label, mat in alphas:
+        fig, ax = plt.subplots(figsize=(4.6, 4.0))
+        image = ax.imshow(mat["alpha"].numpy(), cmap="viridis", vmin=0.0)
+        fig.colorbar(image, ax=ax, fraction=0.046)
+        ax.set_xlabel("client j (weight on its data)")
+        ax.set_ylabel("client i (row alpha_i)")
+        ax.set_title(f"{label}: weights at round {mat['round']}")
+        fig.tight_layout()
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+        path = out / f"alpha_{safe}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
 __all__ = [
     "ALPHA_CSV",
     "CLIENTS_CSV",
@@ -199,6 +269,7 @@ __all__ = [
     "AlphaWriter",
     "ClientsWriter",
     "personal_callbacks",
+    "plot_personal",
     "read_alpha",
     "read_clients",
     "weight_matrix",
