@@ -36,7 +36,7 @@ def trained(alg, rounds: int = 14) -> Simulation:
 
 
 def test_perm_new_clients_weigh_their_own_cluster_by_eq_2_at_the_trained_model() -> None:
-    lam = 0.05
+    lam = 5.0  # inside the range where the number of partners changes (lambda_guide: 0.23 .. 52)
     alg = PERM(model=logreg(), loss=cross_entropy, lr=0.5, local_steps=3, batch_size=8, lam=lam)
     sim = trained(alg)
     out = personalise_new_clients(sim, NEW, ["accuracy"], epochs=4)
@@ -54,6 +54,7 @@ def test_perm_new_clients_weigh_their_own_cluster_by_eq_2_at_the_trained_model()
         torch.testing.assert_close(out.weights[c], want, rtol=0, atol=1e-6)
         same = [0, 1, 2] if c == 0 else [3, 4, 5]  # TRAIN positions of the new client's cluster
         assert float(out.weights[c][same].sum() + out.weights[c][6]) > 0.99
+        assert int((out.weights[c][same] > 0).sum()) >= 1  # it learns from peers, not alone
     global_acc = [float((alg.model.apply(w, t.x.to(F64)).argmax(1) == t.y).double().mean()) for t in NEW.client_tests]
     assert out.summary["personal_accuracy_mean"] > sum(global_acc) / 2 + 0.1  # personal beats the global model
     assert [r["client"] for r in out.rows] == [0, 1] and [r["test_samples"] for r in out.rows] == [20, 20]
