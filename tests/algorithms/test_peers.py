@@ -1,13 +1,15 @@
-"""PERM's peers (issue 28): IFCA (Ghosh et al. 2020, Alg. 1, model averaging) and FedFomo
-(Zhang et al. 2021, eqs. (6)-(8)) against hand transcriptions of their update rules, with
-several local steps and rounds; and their refusals."""
+"""PERM's peers (issue 28): IFCA (Ghosh et al. 2020, Alg. 1, model averaging), FedFomo
+(Zhang et al. 2021, eqs. (6)-(8)) and APPLE (Luo and Wu 2022) against hand transcriptions of
+their update rules, with several local steps and rounds; and their refusals."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
-from fedrisk.algorithms import IFCA, FedFomo
+from fedrisk.algorithms import APPLE, IFCA, FedFomo
 from fedrisk.algorithms.base import FedInfo
 from fedrisk.data.federation import Federation, Samples
 from fedrisk.errors import FedriskError
@@ -159,3 +161,46 @@ def test_fedfomo_refusals() -> None:
         alg.check(FedInfo(3, (10, 1, 10), 1))
     with pytest.raises(FedriskError, match=r"fedfomo needs at least 2 clients"):
         alg.check(FedInfo(1, (10,), 1))
+
+
+# ----------------------------------------------------------------------------- APPLE
+
+
+def test_apple_equals_a_hand_transcription() -> None:
+    N, n, K, lr, dr_lr, mu, L, rounds = 3, 10, 3, 0.05, 0.02, 0.5, 3, 4
+    fed = two_groups(N, n, seed=2)
+    alg = APPLE(
+        model=Linear(),
+        loss=mean_squared_error,
+        lr=lr,
+        dr_lr=dr_lr,
+        local_steps=K,
+        batch_size=n,
+        sampling="shuffle",  # batches of all n rows: full-gradient steps
+        mu=mu,
+        decay_rounds=L,
+    )
+    sim = Simulation(alg, fed, seed=0, dtype=F64)
+    cores = torch.randn(N, D, generator=torch.Generator().manual_seed(7), dtype=F64)
+    sim.server_state["cores"] = {"w": cores.clone()}
+    P = torch.full((N, N), 1.0 / N, dtype=F64)
+    for r in range(rounds):
+        lam = (1 + math.cos(math.pi * r / L)) / 2 if r < L else 0.0
+        new = cores.clone()
+        for i, s in enumerate(fed.clients):
+            core, p = cores[i].clone(), P[i].clone()
+            for _ in range(K):
+                phi = sum(p[j] * (core if j == i else cores[j]) for j in range(N))
+                g = s.x.T @ (s.x @ phi - s.y) / n  # grad of ||x phi - y||^2 / (2 n)
+                dots = torch.stack([g @ (core if j == i else cores[j]) for j in range(N)])
+                core, p = core - lr * p[i] * g, p - dr_lr * (dots + lam * mu * (p - 1.0 / N))
+            new[i], P[i] = core, p
+        cores = new
+        sim.step()
+    torch.testing.assert_close(sim.server_state["cores"]["w"], cores, rtol=1e-10, atol=1e-12)
+    for k in range(N):
+        torch.testing.assert_close(sim.client_states[k]["p"], P[k], rtol=1e-10, atol=1e-12)
+        personal = alg.personal_params(sim.server_state, sim.client_states[k], k)["w"]
+        torch.testing.assert_close(personal, P[k] @ cores, rtol=1e-10, atol=1e-12)
+    assert float((P - 1.0 / N).abs().max()) > 1e-3  # the DR vectors moved
+    torch.testing.assert_close(alg.client_weights(sim.client_states), P, rtol=1e-10, atol=1e-12)

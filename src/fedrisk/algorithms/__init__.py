@@ -5,6 +5,7 @@ hyper-parameters (``model``, ``loss``/objective, ``aggregator`` and ``server_opt
 in by the experiment layer).
 """
 
+from fedrisk.algorithms.apple import APPLE
 from fedrisk.algorithms.base import (
     Algorithm,
     ClientResult,
@@ -45,6 +46,7 @@ ALGORITHMS.add("perfedavg", PerFedAvg, "Per-FedAvg (Fallah et al. 2020): local M
 ALGORITHMS.add("pfedme", PFedMe, "pFedMe (Dinh et al. 2020): Moreau-envelope personal models theta_i")
 ALGORITHMS.add("ditto", Ditto, "Ditto (Li et al. 2021): FedAvg + personal models pulled towards w")
 ALGORITHMS.add("apfl", APFL, "APFL (Deng et al. 2020): mixture a_i v_i + (1 - a_i) w with adaptive a_i")
+ALGORITHMS.add("apple", APPLE, "APPLE (Luo and Wu 2022): personal model sum_j p_ij theta_j with learned DR vectors p_i")
 ALGORITHMS.add("fedfomo", FedFomo, "FedFomo (Zhang et al. 2021): clients mix downloaded models by validation gain")
 ALGORITHMS.add("ifca", IFCA, "IFCA (Ghosh et al. 2020): k cluster models, each client trains the one it fits best")
 ALGORITHMS.add("coda", CODA, "CODA: stagewise local primal-dual AUC SGD + pooled dual reset per stage")
@@ -72,6 +74,7 @@ ALGORITHMS.add("robust_sgd", RobustSGD, "SGD whose server combines gradients wit
 __all__ = [
     "ALGORITHMS",
     "APFL",
+    "APPLE",
     "CODA",
     "CODASCA",
     "FESSGDA",

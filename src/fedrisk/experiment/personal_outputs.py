@@ -58,7 +58,10 @@ PERSONAL_FILES = (CLIENTS_CSV, ALPHA_CSV, LAMBDA_GUIDE)
 def weight_matrix(sim: Simulation) -> torch.Tensor | None:
     """The algorithm's current N x N client weight matrix (row i: client i's weights), or None."""
     fn = getattr(sim.algorithm, "weight_matrix", None)
-    return None if fn is None else fn(sim.server_state)
+    if fn is not None:
+        return fn(sim.server_state)
+    rows = getattr(sim.algorithm, "client_weights", None)  # kept on the clients (APPLE's DR vectors)
+    return None if rows is None else rows(sim.client_states)
 
 
 def _keep_rounds(path: Path, last_round: int) -> None:
