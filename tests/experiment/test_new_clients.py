@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedrisk.algorithms import IFCA, PERM, FedAvg, LocalizedFedAvg
+from fedrisk.algorithms import IFCA, PERM, FedAvg, FedFomo, LocalizedFedAvg
 from fedrisk.algorithms.perm_weights import mixing_weights_pgd
 from fedrisk.cli import main
 from fedrisk.data.federation import Federation, Samples
@@ -80,6 +80,9 @@ def test_ifca_and_fedavg_ft_use_their_own_client_rule() -> None:
     out = personalise_new_clients(sim, NEW, ["accuracy"])
     moved = tree_flatten_vector(out.params[0]) - tree_flatten_vector(sim.server_state["params"])
     assert float(moved.norm()) > 1e-3  # fine-tuned from w
+    sim = trained(FedFomo(model=logreg(), loss=cross_entropy, lr=0.5, local_steps=2, batch_size=8), rounds=2)
+    out = personalise_new_clients(sim, NEW, ["accuracy"])  # downloads, eq. (6)-(7), local steps
+    assert len(out.rows) == 2 and all(0.0 <= r["accuracy"] <= 1.0 for r in out.rows)
 
 
 def test_bad_new_clients_are_refused() -> None:
