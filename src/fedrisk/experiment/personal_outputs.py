@@ -240,7 +240,7 @@ def plot_personal(
         fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(series) + 1.5), 3.8))
         ax.boxplot([v for _, v in series], showmeans=True)
         ax.set_xticks(range(1, len(series) + 1), [label for label, _ in series], rotation=30, ha="right")
-        ax.set_ylabel(f"{metric} of each client's model on its own test split")
+        ax.set_ylabel(f"{metric} (own test split)")
         ax.set_title(f"per-client {metric} at the last evaluation")
         ax.grid(alpha=0.3, axis="y")
         fig.tight_layout()
@@ -250,7 +250,10 @@ def plot_personal(
         paths.append(path)
     for label, mat in alphas:
         fig, ax = plt.subplots(figsize=(4.6, 4.0))
-        image = ax.imshow(mat["alpha"].numpy(), cmap="viridis", vmin=0.0)
+        values = mat["alpha"].numpy()
+        signed = bool(values.min() < 0)  # FedFomo's affinities can be negative: a diverging map around 0
+        bound = float(abs(values).max()) or 1.0
+        image = ax.imshow(values, cmap="RdBu_r" if signed else "viridis", vmin=-bound if signed else 0.0, vmax=bound)
         fig.colorbar(image, ax=ax, fraction=0.046)
         ax.set_xlabel("client j (weight on its data)")
         ax.set_ylabel("client i (row alpha_i)")
