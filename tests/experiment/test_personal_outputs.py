@@ -20,7 +20,7 @@ RAW = {
     },
     "model": {"name": "logreg", "bias": False},
     "algorithm": {"name": "perm", "lam": 1.0, "lr": 0.5, "local_steps": 2, "batch_size": 8},
-    "run": {"rounds": 12, "eval_every": 3, "checkpoint_every": 2, "metrics": ["accuracy"]},
+    "run": {"rounds": 12, "eval_every": 3, "checkpoint_every": 4, "metrics": ["accuracy"]},
 }
 
 
@@ -31,7 +31,7 @@ def test_personal_files_survive_a_crash_and_resume(tmp_path, monkeypatch) -> Non
     assert [m["round"] for m in read_alpha(tmp_path / "full" / ALPHA_CSV)] == [0, 6, 11]
     assert len(full[CLIENTS_CSV].splitlines()) == 1 + 4 * 4  # header + 4 evaluations x 4 clients
     with monkeypatch.context() as m:
-        crash_at(m, 9)  # after the checkpoint of round 8 and the evaluation of round 9
+        crash_at(m, 10)  # after the checkpoint of round 8 and the evaluation of round 9 (rewritten on resume)
         with pytest.raises(RuntimeError, match="simulated crash"):
             run_experiment(cfg, tmp_path / "part", progress="none")
     run_experiment(cfg, tmp_path / "part", resume=True, progress="none")
