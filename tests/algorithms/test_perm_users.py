@@ -160,6 +160,9 @@ def test_train_loss_is_the_weighted_objective_and_the_global_model_is_named() ->
     assert last["train_loss"] == float(sim.server_state["objective"].mean())  # eq. (3), not the hosts' mean loss
     assert "test_accuracy" not in last and "global_test_accuracy" in last
     assert next(iter(k for k in last if k != "round")).startswith("personal_")  # the headline comes first
+    fixed = PERMShuffling(model=logreg(), loss=cross_entropy, lr=0.5, local_steps=2, batch_size=4)
+    last = run_federation(fed, fixed, rounds=2, metrics=["accuracy"]).last()  # its w is never trained: not shown
+    assert "personal_accuracy_mean" in last and not any(k.startswith(("test_", "global_")) for k in last)
     fedavg = run_federation(fed, FedAvg(model=logreg(), loss=cross_entropy), rounds=1, metrics=["accuracy"])
     assert "test_accuracy" in fedavg.last() and "global_test_accuracy" not in fedavg.last()
 

@@ -311,8 +311,10 @@ class PERMShuffling(Algorithm):
     def end_of_epoch(self, ctx: RoundContext, state: dict) -> dict:
         return state
 
-    def global_params(self, server_state: Tree) -> Tree:
-        return server_state["w"]
+    def global_params(self, server_state: Tree) -> Tree | None:
+        """None: Alg. 1 with fixed weights trains no global model (its ``w`` stays the initial
+        model, which would be reported as if it were a result)."""
+        return None
 
     def personal_params(self, server_state: Tree, client_state: Tree, client: int) -> Tree:
         return _row(server_state["v"], client)
@@ -481,6 +483,10 @@ class PERM(PERMShuffling):
     def end_of_epoch(self, ctx: RoundContext, state: dict) -> dict:
         state["j"] = torch.tensor(-1, dtype=torch.int64)
         return state
+
+    def global_params(self, server_state: Tree) -> Tree:
+        """The global model w (the discrepancies' reference point; reported as ``global_test_*``)."""
+        return server_state["w"]
 
     def aggregate_other(self, ctx: RoundContext, state: dict, replies: Replies, gen: torch.Generator) -> Tree:
         if ctx.kind == "fedavg":
