@@ -222,6 +222,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- list
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    if not args.new_clients:
+        raise FedriskError("evaluate: give --new-clients CONFIG (the clients to personalise from the trained run)")
+    from fedrisk.experiment.new_clients import evaluate_new_clients, format_new_clients
+
+    out = evaluate_new_clients(args.run, args.new_clients, epochs=args.epochs, rounds=args.rounds)
+    print(format_new_clients(out, args.run))
+    return 0
+
+
 def _entries(kind: str, catalog: dict[str, list[tuple[str, str]]] | None = None) -> list[tuple[str, str]]:
     if catalog is not None:  # read from the source: no torch import (fedrisk.catalog)
         entries = catalog[kind]
@@ -449,6 +459,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", metavar="M1,M2", help="metrics to tabulate and plot (default: all)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser(
+        "evaluate",
+        help="evaluate a finished run (--new-clients: clients that joined after training)",
+        description="Personal models and metrics of clients that did not train, from a run's checkpoint.",
+    )
+    p.add_argument("run", metavar="RUN_DIR", help="a run directory (config.toml, checkpoint.pt)")
+    p.add_argument("--new-clients", metavar="CONFIG", help="a config whose [data] gives the new clients")
+    p.add_argument("--epochs", type=int, metavar="E", help="PERM: epochs of a new model's visits (default: the run's)")
+    p.add_argument("--rounds", type=int, default=1, metavar="R", help="other methods: rounds of their client update")
+    p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser(
         "list",

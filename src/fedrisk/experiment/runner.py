@@ -732,6 +732,9 @@ def _run(
     tracking = None
     if primary:
         callbacks.append(MetricsWriter(rd.metrics))
+        from fedrisk.experiment.personal_outputs import personal_callbacks  # clients.csv, alpha.csv
+
+        callbacks += personal_callbacks(rd.path, stream=None if show.mode == "none" else show.stream)
         tracking = open_tracking(cfg, rd.path, seed=seed, resume_round=None if ckpt is None else sim.round)
         if tracking is not None:  # TensorBoard / MLflow ([output] tensorboard, mlflow)
             callbacks.append(tracking)
