@@ -119,7 +119,9 @@ def test_config_reference_examples_are_valid():
     assert cfg["sweep.variants"]["scaffold"] == {"algorithm.name": "scaffold", "algorithm.control_option": "I"}
 
 
-@pytest.mark.parametrize("page", ["getting-started.md", "tutorial-custom-algorithm.md", "config-reference.md"])
+@pytest.mark.parametrize(
+    "page", ["getting-started.md", "tutorial-custom-algorithm.md", "config-reference.md", "auc-family.md"]
+)
 def test_documented_commands_parse(page):
     text = (DOCS / page).read_text()
     parser = build_parser()
