@@ -70,18 +70,16 @@ from fedrisk.algorithms.stagewise import (
 from fedrisk.autodiff import in_functorch_transform, value_and_grad
 from fedrisk.errors import FedriskError, check_int, check_range, unknown_name
 from fedrisk.objectives.auc import (
-    DEFAULT_POSITIVE_RATIO,
     AUCWeights,
     auc_dual_closed_form,
     auc_label_weights,
     auc_minmax_weighted,
     auc_minmax_weighted_directions,
-    check_ratio,
     class_score_sums,
     optimal_dual_from_sums,
-    positive_ratios_from_counts,
     single_output,
 )
+from fedrisk.objectives.auc_setup import DEFAULT_POSITIVE_RATIO, check_ratio, positive_ratios_from_counts
 from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree, tensor_leaves, tree_add, tree_scale, tree_zeros_like
 
@@ -117,7 +115,7 @@ def _positive_ratios(
     name: str, choice: str, given: float | None, num_clients: int, class_counts: tuple[tuple[int, ...], ...]
 ) -> tuple[float, ...]:
     """Every client's ``p`` (memoised: ``init_client`` asks once per client, and ``"global"``
-    needs every client's counts); the policy itself is :func:`~fedrisk.objectives.auc.positive_ratios_from_counts`."""
+    needs every client's counts); the policy is :func:`~fedrisk.objectives.auc_setup.positive_ratios_from_counts`."""
     ratios = positive_ratios_from_counts(choice, class_counts, given=given, name=name)  # type: ignore[arg-type]
     return ratios if choice != "given" else ratios[:1] * num_clients
 
@@ -148,7 +146,7 @@ class CODAPlus(Algorithm):
         auc_loss: ``"square"`` (eq. (2), the paper) or ``"margin"`` (AUCM, the code).
         margin: the AUCM margin ``m`` (``auc_loss="margin"`` and the closed-form dual direction).
         positive_ratio: ``"global"`` (default), ``"client"`` or ``"given"``
-            (:data:`~fedrisk.objectives.auc.PositiveRatio`).
+            (:data:`~fedrisk.objectives.auc_setup.PositiveRatio`).
         p: the positive ratio for ``positive_ratio="given"``, in (0, 1).
         dual_direction: ``"gradient"`` (the paper's ``∇_α F``) or ``"closed_form"`` (the code).
         grad_clip: clamp the network-weight gradients elementwise to ``±grad_clip`` (code: 1).

@@ -41,63 +41,27 @@ from typing import Any, ClassVar
 import torch
 
 from fedrisk.aggregators.base import Replies
-from fedrisk.algorithms.codaplus import (
-    AUC_LOSSES,
-    CODA,
-    DUAL_DIRECTIONS,
-    NPA,
-    POSITIVE_RATIOS,
-    STAGE_OUTPUTS,
-    CODAPlus,
-    SingleClassClientWarning,
-)
+from fedrisk.algorithms.codaplus import CODA, NPA, CODAPlus, SingleClassClientWarning
 from fedrisk.algorithms.primal_dual import (
-    Directions,
     LocalWindow,
     control_variate_difference,
     control_variate_mean,
-    extrapolate,
-    local_sgda,
     server_extrapolate,
-    tree_directions,
 )
 from fedrisk.algorithms.stagewise import STAGE_END, StageSlot
 from fedrisk.errors import check_range, unknown_name
-from fedrisk.objectives.auc import (
-    AUCDirections,
-    AUCWeights,
-    auc_label_weights,
-    auc_minmax_weighted,
-    auc_minmax_weighted_directions,
-)
 from fedrisk.tree import Tree, tree_map, tree_zeros_like
 
-__all__ = [  # CODASCA, and the family's names this module has always offered (defined in their homes)
-    "AUC_LOSSES",
+# CODASCA, and the family's classes that this module has always offered (defined in codaplus.py)
+__all__ = [
     "CODA",
     "CODASCA",
     "CONTROL_VARIATES",
-    "DUAL_DIRECTIONS",
     "EFFECTIVE_STEP_LIMIT",
     "NPA",
-    "POSITIVE_RATIOS",
-    "STAGE_OUTPUTS",
-    "AUCDirections",
-    "AUCWeights",
     "CODAPlus",
-    "Directions",
     "LargeEffectiveStepWarning",
-    "LocalWindow",
     "SingleClassClientWarning",
-    "StageSlot",
-    "auc_label_weights",
-    "auc_minmax_weighted",
-    "auc_minmax_weighted_directions",
-    "control_variate_difference",
-    "control_variate_mean",
-    "extrapolate",
-    "local_sgda",
-    "tree_directions",
 ]
 
 CONTROL_VARIATES = ("difference", "gradient_mean")

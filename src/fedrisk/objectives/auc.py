@@ -48,7 +48,7 @@ Two evaluations of the same objectives
   in closed form, bitwise equal to autograd's — what the CODA+ / CODASCA local loop evaluates.
 
 Set-up (label checks, the choice of ``p``, spec pitfall P3) lives in
-:mod:`fedrisk.objectives.auc_setup` and is re-exported here; the recommended ``p`` is
+:mod:`fedrisk.objectives.auc_setup` (``class_count_pairs`` is re-exported here); the recommended ``p`` is
 ``"global"``: one constant shared by all clients, the positive ratio of the federation's mixture.
 """
 
@@ -60,23 +60,11 @@ import torch
 from torch import Tensor
 
 from fedrisk.errors import FedriskError
-from fedrisk.objectives.auc_setup import (
-    DEFAULT_POSITIVE_RATIO,
-    PositiveRatio,
-    Scalar,
-    check_binary_labels,
-    check_ratio,
-    class_count_pairs,
-    positive_ratio,
-    positive_ratios_from_counts,
-    resolve_positive_ratios,
-)
+from fedrisk.objectives.auc_setup import Scalar, class_count_pairs
 
 __all__ = [
-    "DEFAULT_POSITIVE_RATIO",
     "AUCDirections",
     "AUCWeights",
-    "PositiveRatio",
     "Scalar",
     "auc_dual_closed_form",
     "auc_dual_closed_form_direction",
@@ -85,15 +73,10 @@ __all__ = [
     "auc_minmax_weighted",
     "auc_minmax_weighted_directions",
     "auc_square_minmax",
-    "check_binary_labels",
-    "check_ratio",
     "class_count_pairs",
     "class_score_sums",
     "optimal_dual",
     "optimal_dual_from_sums",
-    "positive_ratio",
-    "positive_ratios_from_counts",
-    "resolve_positive_ratios",
     "single_output",
 ]
 
