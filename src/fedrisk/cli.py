@@ -10,7 +10,8 @@
     fedrisk deploy certs | node-key | register | superlink | supernode | run ...   (fedrisk.deploy.cli)
 
 User errors (a bad config value, a name that does not exist, a run directory in the wrong
-state) print ``error: <message>`` and exit with status 2, never with a traceback.  A run
+state) print ``error: <message>`` (a config: one such line per problem) and exit with status
+2, never with a traceback.  A run
 stopped by SIGINT / SIGTERM writes its checkpoint and exits with 130 / 143.
 
 Example:
@@ -32,6 +33,7 @@ from typing import Any
 
 from fedrisk import __version__
 from fedrisk.errors import FedriskError, check_range
+from fedrisk.experiment.outputs import outputs_line  # below both CLIs (also used by `fedrisk deploy run`)
 
 KINDS = (
     "algorithms",
@@ -102,13 +104,6 @@ def run_table(summary: dict[str, Any], path: Path) -> str:
         outputs_line(path),
     ]
     return "\n".join(lines)
-
-
-def outputs_line(path: Path) -> str:
-    """``outputs in DIR: ...``, with ``tensorboard/`` and ``mlruns/`` when the run tracked to them."""
-    extra = [f"{d}/" for d in ("tensorboard", "mlruns") if (Path(path) / d).is_dir()]
-    files = "config.toml metrics.jsonl summary.json partition.json checkpoint.pt plots/"
-    return " ".join([f"outputs in {path}: {files}", *extra])
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -219,8 +214,7 @@ def _registry(kind: str) -> Any:
 
 def _details(kind: str, name: str) -> list[str]:
     """The config keys of one component: name, type, default."""
-    from fedrisk.experiment.config import REQUIRED, algorithm_fields, signature_options
-    from fedrisk.experiment.types import format_value
+    from fedrisk.experiment.schema import REQUIRED, algorithm_fields, format_value, short, signature_options
 
     reg = _registry(kind)
     if reg is None:
@@ -233,10 +227,7 @@ def _details(kind: str, name: str) -> list[str]:
     lines = [f"{name}: {desc}", ""]
     if kind == "algorithms":
         fields = algorithm_fields(obj)
-        rows = [
-            (k, spec.short(), "(required)" if d is REQUIRED else format_value(d))
-            for k, (spec, d) in fields.hyper.items()
-        ]
+        rows = [(k, short(t), "(required)" if d is REQUIRED else format_value(d)) for k, (t, d) in fields.hyper.items()]
         if fields.aggregator:
             rows.append(("aggregator", "name | table", "algorithm default (`fedrisk list aggregators`)"))
         if fields.server_opt:
@@ -255,7 +246,10 @@ def _details(kind: str, name: str) -> list[str]:
         skip = {"datasets": ("data_root",), "partitioners": ("num_clients", "seed")}.get(kind, ())
         positional = {"partitioners": 1, "models": 2}.get(kind, 0)
         opts = signature_options(obj, exclude=skip, skip_positional=positional)
-        rows = [(k, spec.short(), "(required)" if d is REQUIRED else format_value(d)) for k, (spec, d) in opts.items()]
+        rows = [
+            (k, short(t) if t is not None else "any", "(required)" if d is REQUIRED else format_value(d))
+            for k, (t, d) in opts.items()
+        ]
         header = {
             "datasets": "[data.dataset_options] keys",
             "partitioners": '[data.partition_options] keys (plus on = "label" | "class" | an attribute)',
@@ -399,7 +393,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except FedriskError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        for problem in getattr(exc, "problems", None) or [str(exc)]:  # a config: one line per problem
+            print(f"error: {problem}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted (no new checkpoint written; the last periodic one can be resumed)", file=sys.stderr)

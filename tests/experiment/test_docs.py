@@ -142,7 +142,7 @@ def test_shipped_configs_are_valid(path):
 
 @pytest.mark.parametrize(
     "module",
-    ["types", "config", "outputs", "progress", "runner", "plots", "report", "sweep", "__init__"],
+    ["schema", "sections", "config", "outputs", "progress", "runner", "plots", "report", "sweep", "__init__"],
 )
 def test_doctests(module, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # examples that write run directories write them here

@@ -52,6 +52,14 @@ RECORD_KEYS = ("round", "bytes_down", "bytes_up", "wall_time")
 """Keys of a metrics record that are not metrics."""
 
 
+def outputs_line(path: str | Path) -> str:
+    """``outputs in DIR: ...``, with ``tensorboard/`` and ``mlruns/`` when the run tracked to them
+    (the last line of ``fedrisk run`` and ``fedrisk deploy run``)."""
+    extra = [f"{d}/" for d in ("tensorboard", "mlruns") if (Path(path) / d).is_dir()]
+    files = "config.toml metrics.jsonl summary.json partition.json checkpoint.pt plots/"
+    return " ".join([f"outputs in {path}: {files}", *extra])
+
+
 # ----------------------------------------------------------------------------- atomic writes
 
 

@@ -36,7 +36,7 @@ from fedrisk.experiment.config import semantic_view
 from fedrisk.experiment.outputs import PERSONAL_STATS, RunData, atomic_write_text, best_round, find_runs, load_run
 from fedrisk.experiment.plots import MB, Curve, plot_curves
 from fedrisk.experiment.runner import lower_is_better
-from fedrisk.experiment.types import format_value
+from fedrisk.experiment.schema import format_value
 
 SEED_KEYS = ("run.seed", "run.seeds")
 _SEED_DIR = re.compile(r"^seed=\d+$")

@@ -65,16 +65,7 @@ from fedrisk.experiment.checkpoint import (
     verify,
     write_checkpoint,
 )
-from fedrisk.experiment.config import (
-    AUTO,
-    NONE,
-    ONE_OUTPUT_LOSSES,
-    RUN_SEED,
-    ExperimentConfig,
-    algorithm_fields,
-    diff_configs,
-    model_options,
-)
+from fedrisk.experiment.config import ExperimentConfig, diff_configs
 from fedrisk.experiment.outputs import (
     RECORD_KEYS,
     RunDir,
@@ -87,6 +78,8 @@ from fedrisk.experiment.outputs import (
     write_jsonl,
 )
 from fedrisk.experiment.progress import Progress
+from fedrisk.experiment.schema import AUTO, NONE, RUN_SEED, algorithm_fields
+from fedrisk.experiment.sections import ONE_OUTPUT_LOSSES, model_options
 from fedrisk.experiment.tracking import open_tracking
 from fedrisk.runtime.client_store import DiskClientStates, is_snapshot_ref, snapshot_problem
 from fedrisk.runtime.evaluation import LOWER_IS_BETTER
@@ -366,10 +359,10 @@ def build_server_opt(lr: float, momentum: float, nesterov: bool, optimizer: str 
 
 
 def build_attack(spec: Mapping[str, Any]) -> tuple[Any, list[int]]:
-    from fedrisk.experiment.config import _schema, attack_registry
+    from fedrisk.experiment.sections import Attack, attack_registry
 
     reg = attack_registry()
-    options = {k: v for k, v in spec.items() if k not in _schema("attack")}
+    options = {k: v for k, v in spec.items() if k not in Attack.model_fields}
     ids = list(spec["byzantine"]) or list(range(spec["num_byzantine"]))
     try:
         return reg.get(spec["name"])(**options), ids
@@ -774,7 +767,7 @@ def _run(
 
 
 def _show(value: Any) -> str:
-    from fedrisk.experiment.types import format_value
+    from fedrisk.experiment.schema import format_value
 
     return "(absent)" if not isinstance(value, (str, int, float, bool, list, dict)) else format_value(value)
 

@@ -44,7 +44,7 @@ from fedrisk.experiment.config import ExperimentConfig, flatten
 from fedrisk.experiment.outputs import RunDir, atomic_write_text
 from fedrisk.experiment.report import Report, make_report
 from fedrisk.experiment.runner import SIGNAL_NAMES, RunInterrupted, run_experiment
-from fedrisk.experiment.types import to_toml_value
+from fedrisk.experiment.schema import to_toml_value
 
 SWEEP_CONFIG = "sweep.toml"
 POINT_LOG = "sweep.log"
