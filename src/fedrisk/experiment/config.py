@@ -17,6 +17,7 @@ the names)::
     [run]                   # rounds, seed(s), executor, evaluation schedule, checkpoints, ...
     [output]                # dir, plots, tensorboard / mlflow tracking
     [sweep]                 # only for `fedrisk sweep`: seeds, jobs, grid, variants
+    [tune]                  # only for `fedrisk tune` / `sweep --tune`: search space, trials, metric
 
 Each table is a pydantic model (:mod:`fedrisk.experiment.sections`, which says how to add a
 key: one line there); the ``[algorithm]`` table of an algorithm and the options of a dataset,
@@ -89,6 +90,7 @@ from fedrisk.experiment.schema import (
     unknown_key,
 )
 from fedrisk.experiment.sections import (
+    NOT_RUN_SECTIONS,
     OPTIONAL_TABLES,
     SCHEMA,
     SECTIONS,
@@ -256,7 +258,7 @@ class ExperimentConfig:
 
     def run_values(self) -> dict[str, Any]:
         """The resolved values of one run (no ``[sweep]`` table)."""
-        out = {k: v for k, v in self.values.items() if k != "sweep"}
+        out = {k: v for k, v in self.values.items() if k not in NOT_RUN_SECTIONS}
         data = out.get("data")
         if data is not None:  # absent optional tables stay absent (not "none")
             out["data"] = {k: v for k, v in data.items() if not (f"data.{k}" in OPTIONAL_TABLES and v is None)}
@@ -281,7 +283,7 @@ def semantic_view(values: Mapping[str, Any]) -> dict[str, Any]:
         for name, f in model.model_fields.items()
         if not (f.json_schema_extra or {}).get("semantic", True)
     }
-    flat = flatten(to_toml_value({k: v for k, v in values.items() if k != "sweep"}))
+    flat = flatten(to_toml_value({k: v for k, v in values.items() if k not in NOT_RUN_SECTIONS}))
     return {k: v for k, v in flat.items() if k not in skip and not k.startswith("output.")}
 
 

@@ -627,6 +627,7 @@ def run_experiment(
     label: str = "",
     seed: int | None = None,
     executor: Executor | None = None,
+    callbacks: Sequence[Callback] = (),
 ) -> RunResult:
     """Run ``cfg`` into ``out`` (default ``output.dir`` or ``runs/<config name>``).
 
@@ -640,6 +641,8 @@ def run_experiment(
         label: a prefix for the progress line.
         seed: the run seed (default ``run.seed`` / the single entry of ``run.seeds``).
         executor: an executor object instead of ``run.executor`` (e.g. fedrisk.deploy's Flower executor).
+        callbacks: more callbacks, called after the runner's own (``fedrisk tune`` reports each evaluation to
+            Optuna and stops a pruned trial by raising from ``on_evaluation``).
 
     Raises:
         FedriskError: bad input (the directory, the checkpoint, the config).
@@ -659,7 +662,7 @@ def run_experiment(
     show = Progress(cfg["run.rounds"], mode=progress if executor.is_primary else "none", stream=stream, label=label)
     try:
         with SignalGuard(stream=show.stream if show.mode != "none" else None, newline=show.mode == "bar") as guard:
-            return _run(cfg, rd, ckpt, seed, executor, show, guard)
+            return _run(cfg, rd, ckpt, seed, executor, show, guard, callbacks)
     finally:
         torch.set_num_threads(threads_before)
 
@@ -691,6 +694,7 @@ def _run(
     executor: Executor,
     show: Progress,
     guard: SignalGuard,
+    user_callbacks: Sequence[Callback] = (),
 ) -> RunResult:
     built = build_simulation(cfg, seed, executor=executor, client_store=rd.client_states)
     sim = built.simulation
@@ -731,7 +735,7 @@ def _run(
         tracking = open_tracking(cfg, rd.path, seed=seed, resume_round=None if ckpt is None else sim.round)
         if tracking is not None:  # TensorBoard / MLflow ([output] tensorboard, mlflow)
             callbacks.append(tracking)
-    callbacks += [show, checkpointer]
+    callbacks += [show, checkpointer, *user_callbacks]
     finished = False
     try:
         run_simulation(

@@ -233,6 +233,33 @@ class Sweep(Section):
     )
 
 
+# ---- [tune] (fedrisk tune, sweep --tune; the space is parsed and checked by fedrisk.experiment.tune_space)
+class Tune(Section):
+    space: dict[str, Any] = key(
+        {},
+        'key -> search space, e.g. "algorithm.lr" = "log:1e-3:1" (also "float:LO:HI", "int:LO:HI", '
+        '"logint:LO:HI", "choice:A,B,C")',
+        semantic=False,
+    )
+    keys: list[str] = key(
+        [], "the keys of space that are tuned ([] = all); a sweep variant sets its own", semantic=False
+    )
+    trials: int = key(16, "trials per study (per variant under `sweep --tune`)", ge=1, semantic=False)
+    metric: str = key(
+        "", 'the validation metric to optimise, e.g. "validation_auroc" (required to tune)', semantic=False
+    )
+    pruner: Annotated[str, OneOf(("median", "halving", "none"))] = key(
+        "median", "stop unpromising trials early", semantic=False
+    )
+    sampler: Annotated[str, OneOf(("tpe", "random"))] = key(
+        "tpe", "how trials are proposed (seeded with run.seed)", semantic=False
+    )
+    jobs: int = key(1, "trials in parallel (worker processes)", ge=1, semantic=False)
+
+
+# ---- end [tune]
+
+
 SCHEMA: dict[str, type[Section]] = {
     "": TopLevel,
     "data": Data,
@@ -246,12 +273,15 @@ SCHEMA: dict[str, type[Section]] = {
     "run": Run,
     "output": Output,
     "sweep": Sweep,
+    "tune": Tune,
 }
 """Every table of a config (``""`` = top level).  ``[model]``, ``[algorithm]`` and ``[attack]``
 also take the named object's own options; ``data.dataset_options`` and
 ``data.partition_options`` are checked against the named loader / partitioner."""
 
-SECTIONS = ("data", "model", "objective", "algorithm", "attack", "run", "output", "sweep")
+SECTIONS = ("data", "model", "objective", "algorithm", "attack", "run", "output", "sweep", "tune")
+NOT_RUN_SECTIONS = ("sweep", "tune")
+"""Sections that describe how runs are driven (sweeps, tuning), not one run: left out of run configs."""
 OPTIONAL_TABLES = {"data.binarize", "data.feature_noise", "data.label_noise"}
 
 
