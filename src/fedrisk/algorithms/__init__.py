@@ -15,7 +15,8 @@ from fedrisk.algorithms.base import (
     RoundPlan,
     sample_clients,
 )
-from fedrisk.algorithms.codasca import CODA, CODASCA, NPA, CODAPlus
+from fedrisk.algorithms.codaplus import CODA, NPA, CODAPlus
+from fedrisk.algorithms.codasca import CODASCA
 from fedrisk.algorithms.fedavg import FedAvg, FedProx
 from fedrisk.algorithms.fedfomo import FedFomo
 from fedrisk.algorithms.fedxl import FeDXL1, FeDXL2
