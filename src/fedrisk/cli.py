@@ -10,6 +10,7 @@
                  [--resume | --overwrite] [--quiet]
     fedrisk report RUN_DIR... [--out DIR] [--metrics m1,m2] [--no-plots] [--at bytes=2e6] [--target m=0.9]
     fedrisk evaluate RUN_DIR [--split test|validation] [--config OTHER] [--model selected|final]
+                     | RUN_DIR --new-clients CONFIG [--epochs E] [--rounds R]
     fedrisk list [KIND [NAME]]
     fedrisk deploy certs | node-key | register | superlink | supernode | run ...   (fedrisk.deploy.cli)
 
@@ -170,6 +171,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    if args.new_clients:
+        return _evaluate_new_clients(args)
     from fedrisk.experiment.scoring import evaluate_run
 
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
@@ -269,6 +272,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- list
+
+
+def _evaluate_new_clients(args: argparse.Namespace) -> int:
+    from fedrisk.experiment.new_clients import evaluate_new_clients, format_new_clients
+
+    out = evaluate_new_clients(args.run, args.new_clients, epochs=args.epochs, rounds=args.rounds)
+    print(format_new_clients(out, args.run))
+    return 0
 
 
 def _entries(kind: str, catalog: dict[str, list[tuple[str, str]]] | None = None) -> list[tuple[str, str]]:
@@ -521,9 +532,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "evaluate",
-        help="score a finished run's saved model on a split or on other data",
+        help="score a finished run's saved model on a split or other data, or personalise new clients",
         description="Score the model of a finished run's validation-selected round (selected.pt), or its final "
-        "model, on the test or validation split of its own data or of another config's [data].",
+        "model, on the test or validation split of its own data or of another config's [data]; with "
+        "--new-clients, personal models and metrics of clients that did not train, from the run's checkpoint.",
     )
     p.add_argument("run", metavar="RUN_DIR", help="a finished run directory")
     p.add_argument("--split", default="test", choices=("test", "validation"), help="which split (default: test)")
@@ -532,6 +544,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", default="selected", choices=("selected", "final"), help="the selected model (default) or the last"
     )
     p.add_argument("--metrics", metavar="M1,M2", help="metrics (default: the run's)")
+    p.add_argument("--new-clients", metavar="CONFIG", help="a config whose [data] gives the new clients")
+    p.add_argument("--epochs", type=int, metavar="E", help="PERM: epochs of a new model's visits (default: the run's)")
+    p.add_argument("--rounds", type=int, default=1, metavar="R", help="other methods: rounds of their client update")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser(

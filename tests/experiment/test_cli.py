@@ -61,6 +61,17 @@ def test_bad_config_input_is_one_error_line(capsys, config, tmp_path, argv, mess
     assert not (tmp_path / "r").exists()  # validated before anything was written
 
 
+def test_missing_data_root_is_one_error_line_and_writes_nothing(capsys, config, tmp_path):
+    """Issue 30: `--set data.data_root=/no/such/dir` with fashion_mnist named the folder only
+    after training on the system copy; now it is refused before anything is written."""
+    missing = tmp_path / "no" / "such" / "dir"
+    argv = ["--set", "data.dataset=fashion_mnist", "--set", f"data.data_root={missing}"]
+    code, _, err = run_cli(capsys, "run", config, "--out", tmp_path / "r", "--quiet", *argv)
+    assert code == 2 and err.startswith(f"error: data_root {str(missing)!r} is not a directory")
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
 def test_run_directory_errors(capsys, config, tmp_path):
     d = tmp_path / "r"
     assert run_cli(capsys, "run", config, "--out", d, "--quiet", "--set", "run.rounds=1")[0] == 0

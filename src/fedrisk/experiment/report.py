@@ -386,6 +386,9 @@ def make_report(
     plot_files: list[Path] = []
     if plots and any(r.records for r in runs):
         plot_files = plot_curves([group_curve(g, chosen) for g in groups], chosen, out_dir, "comparison")
+        from fedrisk.experiment.personal_outputs import plot_personal  # clients.csv / alpha.csv
+
+        plot_files += plot_personal([(g.label, [r.path for r in g.runs]) for g in groups], out_dir)
     lines = [
         "# fedrisk report",
         "",

@@ -771,6 +771,9 @@ def _run(
     tracking = None
     if primary:
         callbacks.append(MetricsWriter(rd.metrics))
+        from fedrisk.experiment.personal_outputs import personal_callbacks  # clients.csv, alpha.csv
+
+        callbacks += personal_callbacks(rd.path, stream=None if show.mode == "none" else show.stream)
         tracking = open_tracking(cfg, rd.path, seed=seed, resume_round=None if ckpt is None else sim.round)
         if tracking is not None:  # TensorBoard / MLflow ([output] tensorboard, mlflow)
             callbacks.append(tracking)
@@ -855,7 +858,7 @@ def make_summary(
         selected = {
             "round": chosen["round"],
             "selected_by": select_key,
-            "value": chosen[select_key],
+            "value": chosen.get(select_key, chosen.get("global_" + select_key)),
             "metrics": {k: v for k, v in chosen.items() if k not in RECORD_KEYS},
             "budget": budget(chosen),
         }

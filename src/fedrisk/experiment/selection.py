@@ -50,12 +50,13 @@ def selected_record(records: Sequence[Mapping[str, Any]], key: str) -> dict[str,
         return None
     lower = lower_is_better(key)
     best: Mapping[str, Any] | None = None
+    best_value = 0.0
     for r in records:
-        v = r.get(key)
+        v = r.get(key, r.get("global_" + key))  # personalised runs name their global model's metrics global_*
         if not isinstance(v, (int, float)) or v != v:
             continue
-        if best is None or (v < best[key] if lower else v > best[key]):
-            best = r
+        if best is None or (v < best_value if lower else v > best_value):
+            best, best_value = r, v
     return None if best is None else dict(best)
 
 
@@ -155,13 +156,14 @@ class Selector(Callback):
         self.best: dict[str, Any] | None = None
 
     def on_evaluation(self, sim: Simulation, record: dict[str, Any]) -> None:
-        if self.key not in record:
+        key = self.key if self.key in record else "global_" + self.key  # personalised runs: global_validation_*
+        if key not in record:
             evaluated = [k for k in record if k.startswith("validation_")]
             raise FedriskError(
                 f"run.select_by: {self.key!r} was not evaluated at round {record.get('round')}; evaluated on "
                 f"validation: {', '.join(evaluated) or '(nothing)'}"
             )
-        v = record[self.key]
+        v = record[key]
         if not isinstance(v, (int, float)) or v != v:
             return
         if self.best is not None and not (v < self.best["value"] if self.lower else v > self.best["value"]):

@@ -1,12 +1,18 @@
 """Evaluation of a run's models with the metrics of :mod:`fedrisk.metrics`.
 
 * the global model (``Algorithm.global_params``) on a global split (``test`` / ``validation``),
-  reported as ``"{split}_{metric}"``;
+  reported as ``"{split}_{metric}"`` — or ``"global_{split}_{metric}"`` for a personalised
+  algorithm (``Algorithm.personalized``), whose result is its personal models, not the
+  global model it keeps on the way (PERM's w, Ditto's server model);
 * personalised models (``Algorithm.personal_params``: client k's own model) on each client's
   own test split, summarised over clients (:func:`client_summary`) as
   ``"personal_{metric}_{stat}"`` with stat ``mean`` (unweighted over clients), ``wmean``
   (weighted by the clients' split sizes), ``std`` (population std over clients), ``bottom10``
-  (the mean of the worst 10% of clients, at least one) and ``worst``;
+  (the mean of the worst 10% of clients, at least one) and ``worst``.  A personalised
+  algorithm's record lists these first (they are its headline) and names its global model's
+  metrics ``global_{split}_{metric}``.  With ``client_rows`` (a list), :func:`evaluate` also
+  appends one row per client (client, test samples, each metric): what ``clients.csv`` of a
+  run holds;
 * the same on each client's own validation split (``data.client_validation_fraction``) as
   ``"validation_personal_{metric}_{stat}"``: every key measured on validation data starts with
   ``validation_``, which is what model selection (``run.select_by``) may read.
@@ -162,13 +168,26 @@ def evaluate(
     splits: Sequence[str] = ("test",),
     personal: bool | None = None,
     params: Tree | None = None,
+    client_rows: list[dict[str, float]] | None = None,
 ) -> dict[str, float]:
     """All requested metrics for the global model on ``splits`` and, when the federation has
     per-client test / validation splits (and ``personal`` is not False), for every client's own
     model (``personal_params``: the global model for non-personalised algorithms) on its own
-    test and validation splits.  ``params`` replaces the global model (``fedrisk evaluate``
-    scores a saved model)."""
+    test and validation splits.  Personalised algorithms report the global model as
+    ``global_{split}_{metric}``, after the personal metrics; ``client_rows`` (when given)
+    receives the per-client test values; ``params`` replaces the global model."""
     out: dict[str, float] = {}
+    # every algorithm is scored per client when the federation has per-client splits: a global
+    # model's per-client scores are the reference that personalised methods are compared to
+    personal = True if personal is None else personal
+    if personal:
+        params_of = lambda k: algorithm.personal_params(server_state, client_states[k], k)  # noqa: E731
+        for split in ("test", "validation"):
+            parts = federation.client_splits(split)
+            if parts is not None:
+                rows = client_rows if split == "test" else None
+                out.update(_per_client(algorithm, params_of, parts, metrics, PERSONAL_PREFIX[split], rows))
+    prefix = "global_" if getattr(algorithm, "personalized", False) else ""
     if params is None:
         params = algorithm.global_params(server_state)
     if params is not None:
@@ -176,19 +195,12 @@ def evaluate(
             split = getattr(federation, name)
             if split is not None:
                 for m, v in score_split(algorithm, params, split, metrics).items():
-                    out[f"{name}_{m}"] = v
+                    out[f"{prefix}{name}_{m}"] = v
     state_metrics = getattr(algorithm, "state_metrics", None)
     if state_metrics is not None:
         out.update(state_metrics(server_state, federation))
-    # every algorithm is scored per client when the federation has per-client splits: a global
-    # model's per-client scores are the reference that personalised methods are compared to
-    personal = True if personal is None else personal
-    if personal:
-        for split in ("test", "validation"):
-            parts = federation.client_splits(split)
-            if parts is not None:
-                params_of = lambda k: algorithm.personal_params(server_state, client_states[k], k)  # noqa: E731
-                out.update(_per_client(algorithm, params_of, parts, metrics, PERSONAL_PREFIX[split]))
+    if not prefix:  # a global model's own metrics first, as before
+        out = {**{k: v for k, v in out.items() if "personal_" not in k}, **out}
     return out
 
 
@@ -220,16 +232,19 @@ def _per_client(
     parts: Sequence[Samples],
     metrics: Sequence[str],
     prefix: str,
+    client_rows: list[dict[str, float]] | None = None,
 ) -> dict[str, float]:
     per_client: dict[str, list[float]] = {m: [] for m in metrics}
     sizes: list[int] = []
     for k, part in enumerate(parts):
         if len(part) == 0:
             continue
-        p = params_of(k)
-        for m, v in score_split(algorithm, p, part, metrics).items():
+        scores = score_split(algorithm, params_of(k), part, metrics)
+        for m, v in scores.items():
             per_client[m].append(v)
         sizes.append(len(part))
+        if client_rows is not None:
+            client_rows.append({"client": k, "test_samples": len(part), **scores})
     out: dict[str, float] = {}
     for m, vals in per_client.items():
         if vals:
