@@ -167,8 +167,8 @@ def evaluate(
     metrics: Sequence[str],
     splits: Sequence[str] = ("test",),
     personal: bool | None = None,
-    params: Tree | None = None,
     client_rows: list[dict[str, float]] | None = None,
+    params: Tree | None = None,
 ) -> dict[str, float]:
     """All requested metrics for the global model on ``splits`` and, when the federation has
     per-client test / validation splits (and ``personal`` is not False), for every client's own
