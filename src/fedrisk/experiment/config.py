@@ -232,6 +232,16 @@ SCHEMA: dict[str, list[Option]] = {
         _o(
             "num_outputs", "int | str", AUTO, '"auto" (classes, or 1 for one-output objectives / scorers) or an integer'
         ),
+        # -- issue 30 (BatchNorm state, two-stage recipe) ---------------------------------
+        _o(
+            "norm_stats",
+            "str",
+            AUTO,
+            'BatchNorm running statistics: "averaged" (the default for models with BatchNorm), "local" (FedBN) '
+            'or "frozen"; "auto" = averaged, or none for models without BatchNorm',
+            choices=(AUTO, "averaged", "local", "frozen"),
+        ),
+        _o("reset_head", "bool", False, "re-initialise the last layer after run.init_from (pre-train, new head)"),
     ],
     "objective": [
         _o("name", "str", AUTO, '"auto" or a loss name (`fedrisk list objectives`)', choices="objectives"),

@@ -35,6 +35,7 @@ from fedrisk.errors import FedriskError, unknown_name
 from fedrisk.rng import generator, server_generator
 from fedrisk.runtime.executor import ClientFailure, Executor
 from fedrisk.runtime.ledger import CommLedger
+from fedrisk.runtime.norm_stats import with_norm_stats
 from fedrisk.tree import Tree, tree_all_finite, tree_nbytes, tree_to
 
 FAILURE_POLICIES = ("raise", "skip")
@@ -118,6 +119,7 @@ class Simulation:
         if int(min_replies) < 1:
             raise FedriskError(f"min_replies = {min_replies} is out of range; allowed: an integer >= 1")
         self.min_replies = int(min_replies)
+        algorithm = with_norm_stats(algorithm)  # BatchNorm running statistics as federated state
         bad = [k for k in byzantine if not 0 <= k < federation.num_clients]
         if bad:
             raise FedriskError(f"byzantine client ids {bad} out of range [0, {federation.num_clients - 1}]")
