@@ -132,7 +132,8 @@ class FunctionalModel:
     BatchNorm layers are evaluated by :func:`fedrisk.models.norm.batch_norm` with the
     statistics of the innermost :meth:`norm_scope` (eval mode with :meth:`init_stats` outside
     any scope).  Their ``forward`` is redirected on the module instance while :meth:`apply`
-    runs; called directly, the module behaves as before.
+    runs (:func:`fedrisk.models.norm.route_batch_norm`); called directly, the module behaves
+    as before.
 
     Example:
         >>> net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
@@ -168,21 +169,11 @@ class FunctionalModel:
         self._buffers = dict(module.named_buffers())
         self._functional_forward = getattr(module, "functional_forward", None)
         self._scopes: list[Any] = []
-        self._active: Any = None
-        for prefix, layer in self.norm_layers.items():
-            layer.forward = self._norm_forward(prefix, layer)  # type: ignore[method-assign]
+        self._layer_names = {id(layer): prefix for prefix, layer in self.norm_layers.items()}
+        from fedrisk.models.norm import route_batch_norm
 
-    def _norm_forward(self, prefix: str, layer: _BatchNorm) -> Callable[[Tensor], Tensor]:
-        from fedrisk.models.norm import batch_norm
-
-        original = type(layer).forward
-
-        def forward(x: Tensor) -> Tensor:
-            if self._active is None:  # the module called directly, outside apply
-                return original(layer, x)
-            return batch_norm(self._active, prefix, layer, x)
-
-        return forward
+        for layer in self.norm_layers.values():
+            route_batch_norm(layer)
 
     # -- running statistics -------------------------------------------------------------
     def init_stats(self, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> Params:
@@ -321,14 +312,11 @@ class FunctionalModel:
         state = {**self._buffers, **params} if self._buffers else dict(params)
         if not self.norm_layers:
             return functional_call(self.module, state, (x,), strict=True)
-        from fedrisk.models.norm import NormScope
+        from fedrisk.models.norm import NormScope, active
 
-        outer = self._active
-        self._active = self._scopes[-1] if self._scopes else NormScope(self.init_stats(), train=False)
-        try:
+        scope = self._scopes[-1] if self._scopes else NormScope(self.init_stats(), train=False)
+        with active(scope, self._layer_names):
             return functional_call(self.module, state, (x,), strict=True)
-        finally:
-            self._active = outer
 
     def apply_stacked(self, stacked: Mapping[str, Tensor], x: Tensor, *, shared_input: bool = False) -> Tensor:
         """:meth:`apply` vmapped over the leading (client) dimension of ``stacked``.

@@ -33,7 +33,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +42,7 @@ from torch import Tensor
 from torch._C._functorch import get_unwrapped, is_gradtrackingtensor, maybe_get_level
 from torch.nn.modules.batchnorm import _BatchNorm
 
-__all__ = ["NORM_POLICIES", "STAT_BUFFERS", "NormScope", "batch_norm", "unwrap_dead"]
+__all__ = ["NORM_POLICIES", "STAT_BUFFERS", "NormScope", "active", "batch_norm", "route_batch_norm", "unwrap_dead"]
 
 NORM_POLICIES = ("averaged", "local", "frozen")
 """What happens to the running statistics between rounds (``FunctionalModel(norm_stats=)``):
@@ -113,3 +114,36 @@ def batch_norm(scope: NormScope, prefix: str, bn: _BatchNorm, x: Tensor) -> Tens
     if bias is not None:
         out = out + bias.reshape(shape)
     return out
+
+
+_ACTIVE: list[tuple[NormScope, dict[int, str]]] = []
+"""The scope of the ``FunctionalModel.apply`` running now, with its layers' names by ``id``."""
+
+
+@contextlib.contextmanager
+def active(scope: NormScope, names: Mapping[int, str]) -> Iterator[None]:
+    """Route the BatchNorm layers named in ``names`` (by ``id(layer)``) through ``scope``."""
+    _ACTIVE.append((scope, dict(names)))
+    try:
+        yield
+    finally:
+        _ACTIVE.pop()
+
+
+def route_batch_norm(layer: _BatchNorm) -> None:
+    """Make ``layer`` (on this instance only) run :func:`batch_norm` while a :func:`active` scope
+    names it, and its own ``forward`` otherwise; idempotent."""
+    if getattr(layer, "_fedrisk_routed", False):
+        return
+    original = type(layer).forward
+
+    def forward(x: Tensor) -> Tensor:
+        if _ACTIVE:
+            scope, names = _ACTIVE[-1]
+            prefix = names.get(id(layer))
+            if prefix is not None:
+                return batch_norm(scope, prefix, layer, x)
+        return original(layer, x)
+
+    layer.forward = forward  # type: ignore[method-assign]
+    layer._fedrisk_routed = True  # type: ignore[attr-defined]
