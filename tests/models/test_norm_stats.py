@@ -183,3 +183,17 @@ def test_bad_input_is_one_line_errors() -> None:
             FunctionalModel(nn.Sequential(nn.Conv2d(1, 3, 1), layer))
         assert "\n" not in str(info.value)
     FunctionalModel(nn.Sequential(nn.Dropout(0.5).eval(), nn.BatchNorm1d(3, track_running_stats=False)))
+
+
+def test_a_deep_copy_of_a_wrapped_module_runs_as_its_own_plain_module() -> None:
+    module = net()
+    FunctionalModel(module)
+    twin = copy.deepcopy(module).train()
+    with torch.no_grad():
+        twin[1].weight.fill_(2.0)
+    x = torch.randn(6, 1, 4, 4)
+    fresh = net().train()
+    with torch.no_grad():
+        fresh[1].weight.fill_(2.0)
+    assert torch.allclose(twin(x), fresh(x), atol=1e-6)
+    assert not torch.equal(twin[1].running_mean, module[1].running_mean)

@@ -34,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Iterator, Mapping
 
 import torch
@@ -132,18 +133,18 @@ def active(scope: NormScope, names: Mapping[int, str]) -> Iterator[None]:
 
 def route_batch_norm(layer: _BatchNorm) -> None:
     """Make ``layer`` (on this instance only) run :func:`batch_norm` while a :func:`active` scope
-    names it, and its own ``forward`` otherwise; idempotent."""
+    names it, and its own ``forward`` otherwise; idempotent.  A bound method, so that a
+    ``copy.deepcopy`` of the module routes the copy's own layer."""
     if getattr(layer, "_fedrisk_routed", False):
         return
-    original = type(layer).forward
-
-    def forward(x: Tensor) -> Tensor:
-        if _ACTIVE:
-            scope, names = _ACTIVE[-1]
-            prefix = names.get(id(layer))
-            if prefix is not None:
-                return batch_norm(scope, prefix, layer, x)
-        return original(layer, x)
-
-    layer.forward = forward  # type: ignore[method-assign]
+    layer.forward = types.MethodType(_routed_forward, layer)  # type: ignore[method-assign]
     layer._fedrisk_routed = True  # type: ignore[attr-defined]
+
+
+def _routed_forward(layer: _BatchNorm, x: Tensor) -> Tensor:
+    if _ACTIVE:
+        scope, names = _ACTIVE[-1]
+        prefix = names.get(id(layer))
+        if prefix is not None:
+            return batch_norm(scope, prefix, layer, x)
+    return type(layer).forward(layer, x)
