@@ -37,13 +37,13 @@ from fedrisk.runtime.simulation import Simulation, fed_info
 CLIENTS, ROWS, BATCH, LR, SEED = 8, 64, 32, 0.01, 0
 
 
-def federation(device: str) -> Federation:
+def federation() -> Federation:
     g = torch.Generator().manual_seed(0)
     clients = [
         Samples(torch.randn(ROWS, 1, 28, 28, generator=g), torch.randint(0, 10, (ROWS,), generator=g))
         for _ in range(CLIENTS)
     ]
-    return Federation("r18", clients, 10).to(device=device)
+    return Federation("r18", clients, 10)
 
 
 class HandLoop:
@@ -80,15 +80,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3, help="timed rounds per variant (after one warm-up round)")
-    p.add_argument("--device", default="cpu")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    fed = federation(args.device)
-    module = build_model("resnet18", (1, 28, 28), 10).to(args.device)
+    fed = federation()
+    module = build_model("resnet18", (1, 28, 28), 10)
     model = FunctionalModel(module)
     alg = FedAvg(model=model, loss=cross_entropy, lr=LR, local_steps=1, batch_size=BATCH)
-    init = {k: v.to(args.device) for k, v in model.init_params(SEED).items()}
-    stats = {k: v.to(args.device) for k, v in model.init_stats().items()}
+    init = model.init_params(SEED)
+    stats = model.init_stats()
     runs = {
         "sequential": Simulation(alg, fed, seed=SEED, executor="sequential", init_params={**init, **stats}),
         "vectorized": Simulation(alg, fed, seed=SEED, executor="vectorized", init_params={**init, **stats}),
@@ -97,18 +96,14 @@ def main() -> None:
     times: dict[str, dict[str, list[float]]] = {n: {"wall": [], "cpu": []} for n in runs}
     for i in range(1 + args.rounds):
         for name, run in runs.items():
-            if args.device != "cpu":
-                torch.cuda.synchronize()
             wall, cpu = time.perf_counter(), time.process_time()
             run.step()
-            if args.device != "cpu":
-                torch.cuda.synchronize()
             if i > 0:
                 times[name]["wall"].append(time.perf_counter() - wall)
                 times[name]["cpu"].append(time.process_time() - cpu)
     print(
         f"ResNet-18 ({model.num_params():,} parameters), {CLIENTS} clients x 1 step x batch {BATCH}, 1x28x28, "
-        f"float32, {args.threads} threads, device {args.device}, {args.rounds} timed rounds"
+        f"float32, {args.threads} threads, CPU, {args.rounds} timed rounds"
     )
     print(f"load average before / after: {LOAD0} / {os.getloadavg()}")
     med = {n: {k: statistics.median(v) for k, v in t.items()} for n, t in times.items()}
