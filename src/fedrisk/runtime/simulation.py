@@ -140,11 +140,14 @@ class Simulation:
         self.executor = make_executor(executor)
         self.executor.prepare(algorithm, self.data)
         ctx = RoundContext(0, self.info, "init")
-        fresh = algorithm.init_params(generator(seed, "init"))
-        if init_params is not None:
-            stats = getattr(getattr(algorithm, "model", None), "stat_names", None) or ()
-            check_init_params(init_params, fresh, optional=stats)
-        params = init_params if init_params is not None else fresh
+        if init_params is None:
+            params = algorithm.init_params(generator(seed, "init"))
+        else:
+            model = getattr(algorithm, "model", None)
+            if model is not None and hasattr(model, "init_params"):  # names and shapes checked
+                stats = getattr(model, "stat_names", None) or ()
+                check_init_params(init_params, algorithm.init_params(generator(seed, "init")), optional=stats)
+            params = init_params
         params = tree_to(params, dtype)
         self.server_state: Tree = algorithm.init_server(ctx, params, server_generator(seed, -1, "init"))
         self.client_states: MutableMapping[int, Tree]
