@@ -66,7 +66,11 @@ class Callback:
 
 def evaluation_record(sim: Simulation, metrics: Sequence[str], splits: Sequence[str], elapsed: float) -> dict[str, Any]:
     record: dict[str, Any] = {"round": sim.round}
-    record.update(evaluate(sim.algorithm, sim.server_state, sim.client_states, sim.federation, metrics, splits))
+    rows: list[dict[str, float]] = []
+    record.update(
+        evaluate(sim.algorithm, sim.server_state, sim.client_states, sim.federation, metrics, splits, None, rows)
+    )
+    sim.client_scores = rows  # the per-client values of this evaluation (clients.csv)
     record["bytes_down"] = sim.ledger.total_down
     record["bytes_up"] = sim.ledger.total_up
     record["wall_time"] = elapsed

@@ -1,12 +1,17 @@
 """Evaluation of a run's models with the metrics of :mod:`fedrisk.metrics`.
 
 * the global model (``Algorithm.global_params``) on a global split (``test`` / ``validation``),
-  reported as ``"{split}_{metric}"``;
+  reported as ``"{split}_{metric}"`` — or ``"global_{split}_{metric}"`` for a personalised
+  algorithm (``Algorithm.personalized``), whose result is its personal models, not the
+  global model it keeps on the way (PERM's w, Ditto's server model);
 * personalised models (``Algorithm.personal_params``: client k's own model) on each client's
   own test split, summarised over clients (:func:`client_summary`) as
   ``"personal_{metric}_{stat}"`` with stat ``mean`` (unweighted over clients), ``wmean``
   (weighted by the clients' test sizes), ``std`` (population std over clients), ``bottom10``
-  (the mean of the worst 10% of clients, at least one) and ``worst``.
+  (the mean of the worst 10% of clients, at least one) and ``worst``.  A personalised
+  algorithm's record lists these first (they are its headline).  With ``client_rows`` (a list),
+  :func:`evaluate` also appends one row per client (client, test samples, each metric): what
+  ``clients.csv`` of a run holds.
 """
 
 from __future__ import annotations
@@ -94,21 +99,14 @@ def evaluate(
     metrics: Sequence[str],
     splits: Sequence[str] = ("test",),
     personal: bool | None = None,
+    client_rows: list[dict[str, float]] | None = None,
 ) -> dict[str, float]:
     """All requested metrics for the global model on ``splits`` and, when the federation has
     per-client test splits (and ``personal`` is not False), for every client's own model
-    (``personal_params``: the global model for non-personalised algorithms)."""
+    (``personal_params``: the global model for non-personalised algorithms).  Personalised
+    algorithms report the global model as ``global_{split}_{metric}``, after the personal
+    metrics; ``client_rows`` (when given) receives the per-client values."""
     out: dict[str, float] = {}
-    params = algorithm.global_params(server_state)
-    if params is not None:
-        for name in splits:
-            split = getattr(federation, name)
-            if split is not None:
-                for m, v in score_split(algorithm, params, split, metrics).items():
-                    out[f"{name}_{m}"] = v
-    state_metrics = getattr(algorithm, "state_metrics", None)
-    if state_metrics is not None:
-        out.update(state_metrics(server_state, federation))
     # every algorithm is scored per client when the federation has per-client test splits: a
     # global model's per-client scores are the reference that personalised methods are compared to
     personal = True if personal is None else personal
@@ -119,11 +117,27 @@ def evaluate(
             if len(test) == 0:
                 continue
             p = algorithm.personal_params(server_state, client_states[k], k)
-            for m, v in score_split(algorithm, p, test, metrics).items():
+            scores = score_split(algorithm, p, test, metrics)
+            for m, v in scores.items():
                 per_client[m].append(v)
             sizes.append(len(test))
+            if client_rows is not None:
+                client_rows.append({"client": k, "test_samples": len(test), **scores})
         for m, vals in per_client.items():
             if vals:
                 for stat, v in client_summary(vals, sizes, m in LOWER_IS_BETTER).items():
                     out[f"personal_{m}_{stat}"] = v
+    prefix = "global_" if getattr(algorithm, "personalized", False) else ""
+    params = algorithm.global_params(server_state)
+    if params is not None:
+        for name in splits:
+            split = getattr(federation, name)
+            if split is not None:
+                for m, v in score_split(algorithm, params, split, metrics).items():
+                    out[f"{prefix}{name}_{m}"] = v
+    state_metrics = getattr(algorithm, "state_metrics", None)
+    if state_metrics is not None:
+        out.update(state_metrics(server_state, federation))
+    if not prefix:  # a global model's own metrics first, as before
+        out = {**{k: v for k, v in out.items() if not k.startswith("personal_")}, **out}
     return out

@@ -160,6 +160,7 @@ class Simulation:
             self.client_states = DiskClientStates(client_store, self.info.num_clients, initial)
         self.round = 0
         self.ledger = CommLedger()
+        self.client_scores: list[dict[str, float]] = []  # per-client values of the latest evaluation
 
     # -- one round ----------------------------------------------------------------------
     def step(self) -> RoundReport:
