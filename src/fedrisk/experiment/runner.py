@@ -89,6 +89,7 @@ from fedrisk.experiment.tracking import open_tracking
 from fedrisk.runtime.client_store import DiskClientStates, is_snapshot_ref, snapshot_problem
 from fedrisk.runtime.evaluation import check_client_splits
 from fedrisk.runtime.executor import Executor
+from fedrisk.runtime.norm_stats import with_norm_stats
 from fedrisk.runtime.simulation import RoundReport, Simulation, make_executor
 
 CHECKPOINT_FORMAT = 1
@@ -202,8 +203,15 @@ def build_simulation(
 
     dtype = {"float32": torch.float32, "float64": torch.float64}[cfg["run.dtype"]]
     init_params = None
+    reset_head = bool(cfg.section("model").get("reset_head", False))
+    if reset_head and not cfg["run.init_from"]:
+        raise FedriskError("model.reset_head = true needs run.init_from (the model whose head it replaces)")
     if cfg["run.init_from"]:  # e.g. the two-stage recipe: cross-entropy pre-training, then CODASCA
-        init_params = load_init_params(cfg["run.init_from"], algorithm.init_params(torch.Generator()))
+        from fedrisk.rng import generator
+
+        fresh = algorithm.init_params(generator(seed, "init"))  # what the run would start from
+        head = algorithm.model.head_names() if reset_head else ()  # type: ignore[attr-defined]
+        init_params = load_init_params(cfg["run.init_from"], fresh, reset=head)
     run_executor = executor if executor is not None else make_executor(cfg["run.executor"])
     if cfg["run.client_states"] == "disk" and run_executor.name == "distributed":
         raise FedriskError(
@@ -258,7 +266,8 @@ def build_algorithm(
     fields = algorithm_fields(cls)
     model_cfg = cfg.section("model")
     module = build_model(model_cfg["name"], input_shape, num_outputs, **model_options(model_cfg))
-    model = FunctionalModel(module)
+    norm_stats = model_cfg.get("norm_stats", AUTO)
+    model = FunctionalModel(module, norm_stats=None if norm_stats == AUTO else norm_stats)
 
     kwargs: dict[str, Any] = {k: alg_cfg[k] for k in fields.hyper}
     kwargs["model"] = model
@@ -274,7 +283,7 @@ def build_algorithm(
             alg_cfg.get("server_optimizer", "sgd"),
         )
     try:
-        return cls(**kwargs), module
+        return with_norm_stats(cls(**kwargs)), module
     except FedriskError as exc:
         raise FedriskError(f"[algorithm] {alg_cfg['name']}: {exc}") from None
 
@@ -283,11 +292,14 @@ MODEL_FILE = "model.pt"
 """A finished run's global model parameters (``algorithm.global_params``), for ``run.init_from``."""
 
 
-def load_init_params(source: str, expected: Any) -> Any:
-    """The model parameters stored by a finished run (``<dir>/model.pt``) or in a ``.pt`` file,
-    checked against the parameter tree ``expected`` (names and shapes); an AUC-family run's
-    ``{"model", "a", "b", "alpha"}`` contributes its ``"model"``.  Read with
-    ``torch.load(..., weights_only=True)`` (tensors and containers only).
+def load_init_params(source: str, expected: Any, reset: Sequence[str] = ()) -> Any:
+    """The model parameters stored by a finished run (``<dir>/model.pt``) or in a ``.pt`` file
+    (e.g. a ``state_dict`` of the same architecture), checked against the parameter tree
+    ``expected`` (names and shapes; the offending tensor is named); an AUC-family run's
+    ``{"model", "a", "b", "alpha"}`` contributes its ``"model"``, and a ``state_dict``'s
+    ``num_batches_tracked`` counters are ignored.  The names in ``reset`` (``model.reset_head``:
+    the last layer) keep ``expected``'s values and may differ in shape (a new head for a new
+    task).  Read with ``torch.load(..., weights_only=True)`` (tensors and containers only).
 
     Example:
         >>> import tempfile
@@ -296,6 +308,9 @@ def load_init_params(source: str, expected: Any) -> Any:
         >>> torch.save({"model": {"w": torch.ones(2)}, "alpha": torch.zeros(())}, path)
         >>> load_init_params(str(path), {"w": torch.zeros(2)})
         {'w': tensor([1., 1.])}
+        >>> torch.save({"w": torch.ones(2), "head": torch.ones(10)}, path)
+        >>> load_init_params(str(path), {"w": torch.zeros(2), "head": torch.zeros(1)}, reset=["head"])
+        {'w': tensor([1., 1.]), 'head': tensor([0.])}
     """
     path = Path(source)
     if path.is_dir():
@@ -313,15 +328,26 @@ def load_init_params(source: str, expected: Any) -> Any:
         tree = tree["model"]
     if not isinstance(expected, Mapping) or not isinstance(tree, Mapping):
         raise FedriskError(f"run.init_from: {path} holds {type(tree).__name__}, not a mapping of parameter names")
-    got = {k: tuple(v.shape) for k, v in tree.items() if isinstance(v, torch.Tensor)}
-    want = {k: tuple(v.shape) for k, v in expected.items()}
-    if got != want:
-        diff = sorted(set(got.items()) ^ set(want.items()))
+    got = {
+        k: tuple(v.shape)
+        for k, v in tree.items()
+        if isinstance(v, torch.Tensor) and not str(k).endswith("num_batches_tracked") and k not in reset
+    }
+    want = {k: tuple(v.shape) for k, v in expected.items() if k not in reset}
+    hint = "build the same model (model.* keys, num_outputs) as the run it comes from"
+    for k in want:
+        if k in got and got[k] != want[k]:
+            raise FedriskError(
+                f"run.init_from: tensor {k!r} has shape {list(got[k])} in {path} but {list(want[k])} in this model; "
+                + (f"{hint}, or set model.reset_head = true if it is the head" if not reset else hint)
+            )
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    if missing or extra:
         raise FedriskError(
-            f"run.init_from: the parameters in {path} do not fit this model (name, shape differ: {diff[:6]}); "
-            "build the same model (model.* keys, num_outputs) as the run it comes from"
+            f"run.init_from: the parameters in {path} do not fit this model (missing: {missing[:4]}, "
+            f"not in this model: {extra[:4]}); {hint}"
         )
-    return {k: tree[k].to(expected[k].dtype) for k in want}
+    return {k: expected[k] if k in reset else tree[k].to(expected[k].dtype) for k in expected}
 
 
 def wants_scorer(cls: type, num_classes: int) -> bool:

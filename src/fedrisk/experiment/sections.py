@@ -134,6 +134,13 @@ class Data(Section):
 class Model(Section):
     name: Annotated[str, OneOf("models")] = key("logreg", "model name (its options go beside it, e.g. hidden = [64])")
     num_outputs: int | str = key(AUTO, '"auto" (classes, or 1 for one-output objectives / scorers) or an integer')
+    # -- issue 30: BatchNorm running statistics, the two-stage recipe's new head
+    norm_stats: Annotated[str, OneOf((AUTO, "averaged", "local", "frozen"))] = key(
+        AUTO,
+        'BatchNorm running statistics: "averaged" (the default for models with BatchNorm), "local" (FedBN) '
+        'or "frozen"; "auto" = averaged, or none for models without BatchNorm',
+    )
+    reset_head: bool = key(False, "re-initialise the last layer after run.init_from (pre-train, new head)")
 
 
 class Objective(Section):
