@@ -37,7 +37,8 @@ def test_run_prints_the_results_table(capsys, config, tmp_path):
     code, out, err = run_cli(capsys, "run", config, "--out", tmp_path / "r", "--plain", "--set", "run.rounds=2")
     assert code == 0
     assert out.startswith("finished fedavg on digits-dirichlet-K3: 2 rounds in ")
-    assert "| metric | final | best (round) |" in out and "| test_accuracy | " in out
+    assert "| metric | final |" in out and "| test_accuracy | " in out and "best" not in out
+    assert "no model selection (run.select_by: no validation split)" in out
     assert f"outputs in {tmp_path / 'r'}" in out
     assert [line.split(" | ")[0] for line in err.splitlines()] == ["round 1/2", "round 2/2"]  # plain progress
 

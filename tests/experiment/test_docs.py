@@ -159,6 +159,8 @@ def test_shipped_configs_are_valid(path):
         "plots",
         "report",
         "sweep",
+        "selection",
+        "scoring",
         "tune",
         "tune_space",
         "__init__",
