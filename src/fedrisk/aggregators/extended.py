@@ -110,7 +110,10 @@ def bulyan(x: Tensor, f: int) -> Tensor:
 
     Selection: ``theta = n - 2f`` times, the row of the remaining set ``R`` with the smallest Krum
     score (the sum of squared distances to its ``max(|R| - f - 2, 1)`` nearest other rows of
-    ``R``; lowest index on ties) moves from ``R`` to the selection ``S``.  Aggregation: per
+    ``R``) moves from ``R`` to the selection ``S``.  Ties — frequent once ``|R| - f - 2 <= 1``,
+    where two mutual nearest neighbours score alike — go to the row with the smaller sum of
+    squared distances to all of ``R``, then to the lower index, so the output does not depend on
+    the order of the replies unless that sum ties too.  Aggregation: per
     coordinate, the mean of the ``beta = theta - 2f`` values of ``S`` closest to their median.
     One distance matrix (O(n^2 d)), then O(n^3) for the selection and O(theta d log theta).
 
@@ -133,7 +136,9 @@ def bulyan(x: Tensor, f: int) -> Tensor:
             break
         k = min(max(len(remaining) - f - 2, 1), len(remaining) - 1)
         scores = sub.topk(k, dim=1, largest=False).values.sum(dim=1)
-        best = remaining[int(torch.argmin(scores))]
+        tied = scores <= scores.min() * (1 + 1e-12)  # e.g. two mutual nearest neighbours when k = 1
+        totals = torch.where(tied, sub.masked_fill(torch.isinf(sub), 0).sum(dim=1), torch.inf)
+        best = remaining[int(torch.argmin(totals))]
         chosen.append(best)
         remaining.remove(best)
     return _mean_around_median(x[chosen], beta)
@@ -172,7 +177,9 @@ def mda(x: Tensor, f: int, exact: bool | None = None, max_subsets: int = MDA_MAX
     current diameter, the one whose removal leaves the smaller diameter (at most twice the
     optimal diameter is not guaranteed; the result is a feasible ``n - f`` subset).
     ``exact=True`` refuses (``FedriskError`` naming the limit) when ``C(n, f) > max_subsets``;
-    ``exact=False`` always runs the greedy search.  Ties: the first subset in enumeration order.
+    ``exact=False`` always runs the greedy search.  Ties in the diameter (frequent: the diameter
+    is one pair, which many subsets share) go to the subset with the smaller sum of squared
+    pairwise distances, so the output does not depend on the order of the replies.
 
     Example:
         >>> mda(torch.tensor([[0.0], [1.0], [2.0], [50.0], [-60.0]]), 2).tolist()
@@ -198,21 +205,27 @@ def mda(x: Tensor, f: int, exact: bool | None = None, max_subsets: int = MDA_MAX
 
 
 def _mda_exact(dist: Tensor, f: int, chunk: int = 4096) -> Tensor:
+    """The kept rows of the smallest diameter; ties (several subsets share the diameter's pair)
+    go to the smaller sum of squared pairwise distances, then to the first in enumeration order."""
     n = dist.shape[0]
-    best, best_mask = float("inf"), None
+    best: tuple[float, float] = (math.inf, math.inf)
+    best_mask = None
     combos = itertools.combinations(range(n), f)
+    zero = torch.zeros((), dtype=dist.dtype)
     while True:
         block = list(itertools.islice(combos, chunk))
         if not block:
             break
-        left_out = torch.tensor(block, dtype=torch.long)
         keep = torch.ones(len(block), n, dtype=torch.bool)
-        keep.scatter_(1, left_out, False)
-        pair = keep[:, :, None] & keep[:, None, :]
-        diam = torch.where(pair, dist, torch.zeros((), dtype=dist.dtype)).flatten(1).max(dim=1).values
-        i = int(torch.argmin(diam))
-        if float(diam[i]) < best:
-            best, best_mask = float(diam[i]), keep[i]
+        keep.scatter_(1, torch.tensor(block, dtype=torch.long), False)
+        inside = torch.where(keep[:, :, None] & keep[:, None, :], dist, zero).flatten(1)
+        diam, total = inside.max(dim=1).values, inside.sum(dim=1)
+        low = diam.min()
+        total = torch.where(diam <= low * (1 + 1e-12), total, torch.inf)
+        i = int(torch.argmin(total))
+        key = (float(diam[i]), float(total[i]))
+        if key[0] < best[0] * (1 - 1e-12) or (key[0] <= best[0] * (1 + 1e-12) and key[1] < best[1]):
+            best, best_mask = key, keep[i]
     assert best_mask is not None
     return best_mask.nonzero().flatten()
 

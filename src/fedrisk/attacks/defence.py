@@ -39,7 +39,8 @@ class Defence:
 
     Attributes:
         name: for messages (``"frpg"``, ``"Krum(f=4, ...)"``).
-        aggregate: ``(rows (n, d), generator) -> (d,)``, what the server computes from the replies.
+        aggregate: ``(rows (n, d), generator) -> (d,)``, what the server computes from the replies
+            (FRPG / LFRPG: the mean of the projected messages, i.e. their sum (6c) divided by n).
         radius: ``(honest rows, number of forged rows) -> the largest norm a forged reply keeps``
             (measured from ``centre``), or None when the defence admits replies of any norm.
         centre: ``honest rows -> the point the radius is measured from`` (None: the origin).
@@ -60,7 +61,9 @@ def _frpg(lam: float, project: bool, name: str) -> Defence:
     from fedrisk.objectives.penalties import project_l2_ball
 
     def aggregate(x: Tensor, gen: torch.Generator | None) -> Tensor:
-        return torch.stack([project_l2_ball(r, lam) for r in x]).sum(dim=0) if project else x.sum(dim=0)
+        # the server sums the projected messages (6c); as a mean (the sum / n) it compares with the
+        # honest mean the line search measures from
+        return torch.stack([project_l2_ball(r, lam) for r in x]).mean(dim=0) if project else x.mean(dim=0)
 
     radius = (lambda h, b: float(lam)) if project else None
     return Defence(f"{name}(lam={lam:g}, project={project})", aggregate, radius)
