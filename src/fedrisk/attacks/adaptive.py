@@ -1,7 +1,8 @@
 """Adaptive and omniscient attacks: they see the honest replies and know the server's defence.
 
-Each reply key (``g`` for FRPG, ``grad`` for ``robust_sgd``, ``params`` for FedAvg, ...) is
-forged on its own, on the replies flattened to rows: ``H`` (the round's honest replies, ``h x d``)
+Each reply key (``g`` for FRPG, ``grad`` for ``robust_sgd``, ``params`` for FedAvg, ...) whose
+leaves are floating is forged on its own (other keys keep the client's values), on the replies
+flattened to rows: ``H`` (the round's honest replies, ``h x d``)
 with mean ``mu_h`` and coordinate-wise standard deviation ``sigma_h``.  Every Byzantine client
 sends the same forged row (except ``mimic``, which copies, and ``nonfinite``).
 
@@ -59,7 +60,7 @@ from fedrisk.attacks.base import Attack
 from fedrisk.attacks.defence import Defence, defence_from_spec, defence_of
 from fedrisk.attacks.standard import ReplyAttack, _finite_number
 from fedrisk.errors import FedriskError
-from fedrisk.tree import tree_flatten_vector, tree_unflatten_vector
+from fedrisk.tree import tensor_leaves, tree_flatten_vector, tree_unflatten_vector
 
 __all__ = [
     "MAX_EVALUATIONS",
@@ -133,6 +134,11 @@ def line_maximize(fn: Callable[[float], float], low: float, high: float, evaluat
     return best[0], best[1]
 
 
+def _floating(tree: Any) -> bool:
+    leaves = tensor_leaves(tree)
+    return bool(leaves) and all(t.is_floating_point() for t in leaves)
+
+
 class AdaptiveAttack(Attack):
     """Base of the attacks on flattened replies: subclasses define :meth:`forge` and ``needs_defence``."""
 
@@ -173,6 +179,8 @@ class AdaptiveAttack(Attack):
             )
         out = {k: dict(v) for k, v in every.items()}
         for key in every[byz_ids[0]]:
+            if not _floating(every[byz_ids[0]][key]):
+                continue  # counters, indices: kept as the client computed them
             honest = torch.stack([tree_flatten_vector(every[k][key]) for k in honest_ids])
             own = torch.stack([tree_flatten_vector(every[k][key]) for k in byz_ids])
             forged = self.forge(honest, own, gen)
@@ -320,7 +328,8 @@ def mimic_index(honest: Tensor) -> int:
 
 
 class Mimic(AdaptiveAttack):
-    """Every Byzantine client copies the honest reply chosen by :func:`mimic_index` on all reply keys.
+    """Every Byzantine client copies the honest reply chosen by :func:`mimic_index` (its floating
+    keys; the others keep the client's own values).
 
     Example:
         >>> from fedrisk.algorithms.base import FedInfo, RoundContext
@@ -343,11 +352,13 @@ class Mimic(AdaptiveAttack):
             )
         if not honest_ids:
             return replies
+        keys = [key for key in sorted(every[honest_ids[0]]) if _floating(every[honest_ids[0]][key])]
         rows = torch.stack(
-            [torch.cat([tree_flatten_vector(every[k][key]).double() for key in sorted(every[k])]) for k in honest_ids]
+            [torch.cat([tree_flatten_vector(every[k][key]).double() for key in keys]) for k in honest_ids]
         )
         source = every[honest_ids[mimic_index(rows)]]
-        out = {k: (dict(source) if k in bad else v) for k, v in every.items()}
+        copy = lambda own: {key: (source[key] if key in keys else value) for key, value in own.items()}  # noqa: E731
+        out = {k: (copy(v) if k in bad else v) for k, v in every.items()}
         return InMemoryReplies(out)
 
 
