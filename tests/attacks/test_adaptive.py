@@ -68,9 +68,14 @@ def test_max_norm_against_arc_uses_the_clipping_norm() -> None:
     assert float(torch.linalg.vector_norm(out[0])) == pytest.approx(float(second))
 
 
-def test_max_norm_without_a_bound_is_refused() -> None:
-    with pytest.raises(FedriskError, match=r"admits replies of any norm.*opt_ipm"):
-        forge(MaxNorm(defence="median"), honest_rows())
+def test_max_norm_without_a_bound_is_refused_or_line_searched() -> None:
+    with pytest.raises(FedriskError, match=r"admits replies of any norm.*unbounded = 'line_search'"):
+        forge(MaxNorm(defence="median", unbounded="error"), honest_rows())
+    rows = honest_rows()
+    searched = forge(MaxNorm(defence="median", evaluations=12), rows)
+    assert torch.equal(searched, forge(OptIPM(evaluations=12, defence="median"), rows))
+    with pytest.raises(FedriskError, match="unbounded = 'x' is not allowed"):
+        MaxNorm(unbounded="x")
     with pytest.raises(FedriskError, match="needs the server's defence"):
         forge(MaxNorm(), honest_rows())  # "auto" outside a Simulation
 

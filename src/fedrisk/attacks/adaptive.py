@@ -13,7 +13,9 @@ sends the same forged row (except ``mimic``, which copies, and ``nonfinite``).
                radius ``tau`` (static clipping; centred clipping, from ``c`` = the honest
                coordinate median), ARC's clipping norm (Allouah et al. 2024), or ``norm`` when
                given.  The direction is IPM's (Xie, Koyejo and Gupta, UAI 2020); the size is the
-               defence's own bound.
+               defence's own bound.  Against a rule that bounds no norm (mean, median, Krum,
+               ...) ``r`` is line-searched (then it is ``opt_ipm``), or refused with
+               ``unbounded = "error"``.
 ``opt_ipm``    ``-eps mu_h`` with ``eps`` chosen every round by a line search maximising
                ``||agg(H, forged) - mu_h||`` for the aggregator in use (ByzFL's optimised IPM,
                Allouah et al. 2023, "Fixing by mixing")
@@ -207,8 +209,11 @@ class MaxNorm(AdaptiveAttack):
 
     Args:
         norm: the message norm ``r``; 0 (default) takes the defence's own bound (FRPG's lambda, the
-            clipping radius), which a defence without one (mean, median, Krum, ...) lacks: then
-            give ``norm`` or use ``opt_ipm``.
+            clipping radius).
+        unbounded: what to do against a defence that bounds no norm (mean, median, Krum, ...):
+            ``"line_search"`` (default) chooses ``r`` in ``[0, high ||mu_h||]`` by
+            :func:`line_maximize` (``evaluations`` calls, as ``opt_ipm``: along this direction
+            the two attacks coincide), ``"error"`` refuses.
         defence: ``"auto"`` or an aggregator name / table (see the module docstring).
 
     Example:
@@ -218,13 +223,32 @@ class MaxNorm(AdaptiveAttack):
     """
 
     name = "max_norm"
+    UNBOUNDED = ("line_search", "error")
 
-    def __init__(self, norm: float = 0.0, defence: Any = "auto") -> None:
+    def __init__(
+        self,
+        norm: float = 0.0,
+        unbounded: str = "line_search",
+        high: float = 64.0,
+        evaluations: int = 16,
+        defence: Any = "auto",
+    ) -> None:
         super().__init__(defence)
         self.norm = _finite_number("max_norm: norm", norm)
         if self.norm < 0:
             raise FedriskError(f"max_norm: norm = {norm!r} is not allowed; it must be >= 0 (0: the defence's bound)")
+        if unbounded not in self.UNBOUNDED:
+            raise FedriskError(
+                f"max_norm: unbounded = {unbounded!r} is not allowed; valid choices: {', '.join(self.UNBOUNDED)}"
+            )
+        self.unbounded = unbounded
+        self._search = OptIPM(high=high, evaluations=evaluations, defence=defence)
+        self._search.name = self.name
         self.needs_defence = self.norm == 0
+
+    def prepare(self, algorithm: Any, info: FedInfo, byzantine: Sequence[int]) -> None:
+        super().prepare(algorithm, info, byzantine)
+        self._search.defence = self.defence
 
     def forge(self, honest: Tensor, own: Tensor, gen: torch.Generator) -> Tensor:
         b = own.shape[0]
@@ -234,11 +258,14 @@ class MaxNorm(AdaptiveAttack):
         else:
             defence = self._defence()
             r = defence.radius(honest, b) if defence.radius is not None else None
-            if r is None:
+            if r is None and self.unbounded == "error":
                 raise FedriskError(
-                    f"attack 'max_norm': the defence {defence.name} admits replies of any norm, so there is no largest "
-                    "message to send; give max_norm a norm, or use opt_ipm / opt_alie"
+                    f"attack 'max_norm': the defence {defence.name} admits replies of any norm, so there is no "
+                    "largest message to send; set unbounded = 'line_search' or use opt_ipm / opt_alie"
                 )
+            if r is None:  # -eps mu_h with eps line-searched: the same direction, the most harmful norm
+                self._search.defence = defence
+                return self._search.forge(honest, own, gen)
             if defence.centre is not None:
                 centre = defence.centre(honest)
         mu = honest.mean(dim=0)

@@ -240,7 +240,9 @@ def make_report(
     """Read every run at or below ``paths``, group, tabulate and plot.
 
     Writes ``report.md`` and ``comparison_vs_round.png`` / ``comparison_vs_bytes.png`` into
-    ``out`` (default: the single path given, or the common parent of several).
+    ``out`` (default: the single path given, or the common parent of several).  Runs under two or
+    more attacks add the worst case over attacks (:mod:`fedrisk.experiment.worst_case`) to the
+    table and ``worst_case_heatmap.png``.
     """
     runs = [load_run(p) for p in find_runs(paths)]
     groups = group_runs(runs)
@@ -260,6 +262,12 @@ def make_report(
     plot_files: list[Path] = []
     if plots and any(r.records for r in runs):
         plot_files = plot_curves([group_curve(g, chosen) for g in groups], chosen, out_dir, "comparison")
+    from fedrisk.experiment.worst_case import worst_case_section  # runs under several attacks
+
+    worst = worst_case_section(groups, chosen, out_dir, plots and any(r.records for r in runs))
+    if worst is not None:
+        table += "\n\n" + worst.table
+        plot_files += [worst.plot] if worst.plot is not None else []
     lines = [
         "# fedrisk report",
         "",
