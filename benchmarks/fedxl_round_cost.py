@@ -4,7 +4,9 @@ Same model, data, K, B1, B2, the sequential executor, one thread.  A Local Pair 
 local steps on the pairs of the client's own minibatch; a FeDXL1 round runs the same K steps
 with the partners taken from the previous round's score pools (shuffled with an ``argsort`` of
 random keys once per round) and uploads / merges the pools.  The target (issue 13) is
-FeDXL1 <= 1.5x Local Pair per round.
+FeDXL1 <= 1.5x Local Pair per round.  Issue 27 adds FeDXL2 with the average-precision objective
+(``xrisk = "ap"``: a 2-vector u per positive, partners from both pools) against FeDXL2 with the
+KL-DRO pAUC objective, target <= 1.5x, and reports the two-way and CVaR pAUC objectives beside them.
 
 Rounds are interleaved (one round of each, repeatedly) so that a machine whose load drifts slows
 all of them alike; the report is the median over the repeats, in process CPU time (steadier
@@ -60,9 +62,12 @@ def build(args: argparse.Namespace) -> dict[str, Simulation]:
         "fedxl1": FeDXL1(surrogate="sigmoid", **common),
         "local_pair_pauc": LocalPair(xrisk="pauc", surrogate="squared_hinge", beta=0.1, **common),
         "fedxl2": FeDXL2(**common),
+        "fedxl2_ap": FeDXL2(xrisk="ap", **common),
+        "fedxl2_tpauc": FeDXL2(xrisk="tpauc", **common),
+        "fedxl2_cvar": FeDXL2(xrisk="pauc_cvar", **common),
     }
     sims = {name: Simulation(alg, fed, seed=0) for name, alg in algorithms.items()}
-    for name in ("fedxl1", "fedxl2"):
+    for name in ("fedxl1", "fedxl2", "fedxl2_ap", "fedxl2_tpauc", "fedxl2_cvar"):
         sims[name].step()  # the bootstrap round (scores only) is not timed
     return sims
 
@@ -88,6 +93,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         clock: {
             "fedxl1/local_pair": m["fedxl1"] / m["local_pair"],
             "fedxl2/local_pair_pauc": m["fedxl2"] / m["local_pair_pauc"],
+            "fedxl2_ap/fedxl2": m["fedxl2_ap"] / m["fedxl2"],
+            "fedxl2_tpauc/fedxl2": m["fedxl2_tpauc"] / m["fedxl2"],
+            "fedxl2_cvar/fedxl2": m["fedxl2_cvar"] / m["fedxl2"],
         }
         for clock, m in median.items()
     }
@@ -113,7 +121,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r = ratios[clock]
         print(
             f"  {clock:4s}: FeDXL1 / Local Pair = {r['fedxl1/local_pair']:.3f} (target <= 1.5), "
-            f"FeDXL2 / Local Pair (pAUC) = {r['fedxl2/local_pair_pauc']:.3f}"
+            f"FeDXL2 / Local Pair (pAUC) = {r['fedxl2/local_pair_pauc']:.3f}; FeDXL2 AP / FeDXL2 pAUC = "
+            f"{r['fedxl2_ap/fedxl2']:.3f} (target <= 1.5), two-way / pAUC = {r['fedxl2_tpauc/fedxl2']:.3f}, "
+            f"CVaR / pAUC = {r['fedxl2_cvar/fedxl2']:.3f}"
         )
     if args.json:
         with open(args.json, "w") as f:

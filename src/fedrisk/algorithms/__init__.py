@@ -17,6 +17,7 @@ from fedrisk.algorithms.base import (
 from fedrisk.algorithms.codasca import CODA, CODASCA, NPA, CODAPlus
 from fedrisk.algorithms.fedavg import FedAvg, FedProx
 from fedrisk.algorithms.fedxl import FeDXL1, FeDXL2
+from fedrisk.algorithms.fedxl_ndcg import CentralizedNDCG, FeDXL2NDCG, LocalNDCG
 from fedrisk.algorithms.fessgda import FESSGDA, FESSGDARegularized
 from fedrisk.algorithms.frpg import FRPG, LFRPG, RSA, RobustSGD
 from fedrisk.algorithms.local_only import Centralized, LocalOnly, centralized
@@ -51,6 +52,9 @@ ALGORITHMS.add("fedxl1", FeDXL1, "FeDXL1: pairwise X-risk (linear f), active/pas
 ALGORITHMS.add("fedxl2", FeDXL2, "FeDXL2: compositional X-risk (KL-DRO pAUC), u-table, momentum (Alg. 2-3)")
 ALGORITHMS.add("local_pair", LocalPair, "Local Pair: X-risk of local pairs only, periodic averaging (FeDXL baseline)")
 ALGORITHMS.add("centralized_pair", CentralizedPair, "pairwise SGD / SOX on pooled data (FeDXL's centralised baseline)")
+ALGORITHMS.add("fedxl2_ndcg", FeDXL2NDCG, "FeDXL2 with NDCG (SONG): per-query u, passive items / anchors by query")
+ALGORITHMS.add("local_ndcg", LocalNDCG, "Local Pair for NDCG: SONG on each client's own items of each query")
+ALGORITHMS.add("centralized_ndcg", CentralizedNDCG, "SONG (NDCG) on pooled data (FeDXL NDCG's centralised baseline)")
 # federated minimax (paper 001): fair classification over classes / groups, 1-D WGAN, NC-SC quadratic game
 ALGORITHMS.add("fessgda", FESSGDA, "FESS-GDA: local SGDA + server-side smoothing toward z (Alg. 1)")
 ALGORITHMS.add("fessgda_ncc", FESSGDARegularized, "FESS-GDA on f - eps/(4D)||y - y0||^2 (Thm 3.3, general NC-C)")

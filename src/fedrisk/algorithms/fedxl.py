@@ -92,7 +92,6 @@ Example (FeDXL1 with the PSM loss on a small two-client federation):
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -101,330 +100,32 @@ import torch
 from torch import Tensor
 
 from fedrisk.aggregators.base import Replies
-from fedrisk.algorithms.base import Algorithm, ClientResult, FedInfo, LocalData, RoundContext, RoundPlan, sample_clients
-from fedrisk.autodiff import value_and_grad
-from fedrisk.errors import FedriskError, check_range, unknown_name
-from fedrisk.objectives.auc import class_count_pairs, single_output
-from fedrisk.objectives.xrisk import (
-    check_xrisk_params,
-    decomposed_surrogate,
-    inner_loss,
-    moving_average,
-    outer_value,
+from fedrisk.algorithms.base import ClientResult, FedInfo, LocalData, RoundContext, RoundPlan
+from fedrisk.algorithms.pairwise import (
+    BOOTSTRAP,
+    PASSIVE_SAMPLING,
+    SCORES,
+    TRAIN,
+    PairwiseBase,
+    SingleClassClientWarning,
+    class_order,
 )
+from fedrisk.errors import FedriskError, check_range, unknown_name
+from fedrisk.objectives.auc import class_count_pairs
 from fedrisk.rng import ClientRNG
-from fedrisk.tree import Tree, tree_zeros_like
+from fedrisk.tree import Tree
 
-__all__ = ["PASSIVE_SAMPLING", "SCORES", "FeDXL1", "FeDXL2", "PairwiseBase", "SingleClassClientWarning", "class_order"]
-
-TRAIN, BOOTSTRAP = "train", "bootstrap"
-PASSIVE_SAMPLING = ("shuffle", "with_replacement")
-SCORES = ("sigmoid", "identity")
-
-
-class SingleClassClientWarning(UserWarning):
-    """A client of a pairwise X-risk algorithm holds a single class (see the module docstring)."""
-
-
-def class_order(data: LocalData) -> tuple[Tensor, Tensor, Tensor]:
-    """``(order, n_pos, n_neg)``: the client's row indices with its positives first, then its
-    negatives, then padding rows (vectorised executor), and the two counts (0-dim tensors).
-
-    Branch-free (a stable ``argsort`` of a class key), so it runs under ``vmap``.
-
-    Example:
-        >>> d = LocalData(torch.zeros(5, 1), torch.tensor([0, 1, 0, 1, 0]), torch.tensor(4))
-        >>> order, n_pos, n_neg = class_order(d)
-        >>> order.tolist(), int(n_pos), int(n_neg)
-        ([1, 3, 0, 2, 4], 2, 2)
-    """
-    valid = torch.arange(data.y.shape[0], device=data.y.device) < data.size
-    pos = (data.y == 1) & valid
-    key = torch.where(valid, torch.where(pos, 0, 1), 2)
-    order = torch.argsort(key, stable=True)
-    n_pos = pos.sum()
-    return order, n_pos, valid.sum() - n_pos
-
-
-def pick_rows(order: Tensor, start: Tensor, count: Tensor, unit: Tensor) -> Tensor:
-    """Rows ``order[start + floor(unit · count)]`` (uniform draws in ``[0, 1)`` -> rows of a class);
-    a class with ``count = 0`` gets row ``order[start]`` (its term is weighted 0)."""
-    idx = torch.floor(unit * count.to(unit.dtype)).to(torch.int64)
-    idx = torch.minimum(idx, (count - 1).clamp(min=0))
-    return order[torch.clamp(start + idx, max=order.shape[0] - 1)]
-
-
-@dataclass(frozen=True)
-class PairwiseBase(Algorithm):
-    """Shared fields and local loop of FeDXL1/2 and Local Pair (module docstring).
-
-    Args:
-        model: a functional model with one output.
-        lr: step size ``η``.
-        local_steps: ``K``, local steps per round.
-        batch_pos: ``B1``, positives per step (and passive negatives' partners).
-        batch_neg: ``B2``, negatives per step.
-        surrogate: pairwise loss ``ℓ`` (:data:`fedrisk.objectives.xrisk.PAIRWISE_LOSSES`).
-        margin: margin ``m`` of the squared hinge / square losses.
-        score: ``"sigmoid"`` (scores in (0, 1), the paper's code) or ``"identity"``.
-        clients_per_round: participants per round (None = all; Algorithm 3 otherwise).
-        lr_decay: factor applied to ``lr`` every ``decay_rounds`` training rounds.
-        decay_rounds: None = a constant step size (the paper: ×0.1 every 5k iterations).
-    """
-
-    name: ClassVar[str] = "pairwise"
-    batched_draw: ClassVar[bool] = True
-    scorer: ClassVar[bool] = True
-    federated_pairs: ClassVar[bool] = True
-
-    model: Any
-    lr: float = 0.1
-    local_steps: int = 32
-    batch_pos: int = 32
-    batch_neg: int = 32
-    surrogate: str = "sigmoid"
-    margin: float = 1.0
-    score: str = "sigmoid"
-    clients_per_round: int | None = None
-    lr_decay: float = 0.1
-    decay_rounds: int | None = None
-
-    # -- hyper-parameters not every subclass has (linear f, no momentum) ---------------------
-    @property
-    def kind(self) -> str:
-        return getattr(self, "xrisk", "auc")
-
-    @property
-    def momentum_weight(self) -> float | None:
-        """``β`` when a momentum ``G`` is kept and averaged, None otherwise."""
-        return getattr(self, "beta", None) if self.uses_momentum else None
-
-    @property
-    def uses_momentum(self) -> bool:
-        return hasattr(self, "beta")
-
-    @property
-    def uses_u(self) -> bool:
-        return self.kind == "pauc"
-
-    def __post_init__(self) -> None:
-        check_range("lr", self.lr, 0.0, None, low_inclusive=False)
-        for field in ("local_steps", "batch_pos", "batch_neg"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise FedriskError(f"{field} must be an integer >= 1; got {value!r}")
-            check_range(field, value, 1)
-        if self.score not in SCORES:
-            raise unknown_name("score", self.score, SCORES)
-        if self.clients_per_round is not None:
-            check_range("clients_per_round", self.clients_per_round, 1)
-        check_range("lr_decay", self.lr_decay, 0.0, 1.0, low_inclusive=False)
-        if self.decay_rounds is not None:
-            check_range("decay_rounds", self.decay_rounds, 1)
-        check_xrisk_params(
-            kind=self.kind,
-            surrogate=self.surrogate,
-            lam=getattr(self, "lam", 1.0),
-            gamma=getattr(self, "gamma", 1.0),
-            beta=getattr(self, "beta", 1.0),
-            margin=self.margin,
-        )
-        if self.uses_u:
-            check_range("u_init", getattr(self, "u_init", 1.0), 0.0, None, low_inclusive=False)
-
-    # -- scores, schedule ---------------------------------------------------------------------
-    def scores(self, params: Tree, x: Tensor) -> Tensor:
-        """``h(w; x)`` as ``[N]``: the single model output, through a sigmoid by default."""
-        out = single_output(self.model.apply(params, x), self.name)
-        return torch.sigmoid(out) if self.score == "sigmoid" else out
-
-    def predict(self, params: Tree, x: Tensor) -> Tensor:
-        return self.scores(params, x)
-
-    def global_params(self, server_state: Tree) -> Tree:
-        return server_state["params"]
-
-    def training_round(self, round: int) -> int:
-        """The 0-based training round of contract round ``round`` (FeDXL's round 0 bootstraps)."""
-        return round - 1 if self.federated_pairs else round
-
-    def round_lr(self, round: int) -> float:
-        """``η · lr_decay^(t // decay_rounds)`` for training round ``t``."""
-        if self.decay_rounds is None:
-            return self.lr
-        return self.lr * self.lr_decay ** (max(self.training_round(round), 0) // self.decay_rounds)
-
-    # -- set-up -------------------------------------------------------------------------------
-    def check(self, fed: FedInfo) -> None:
-        if fed.num_classes != 2:
-            raise FedriskError(
-                f"{self.name}: a pairwise X-risk needs binary labels (num_classes = 2, label 1 = positive); got "
-                f"num_classes = {fed.num_classes}. Binarise the labels first"
-            )
-        if not fed.class_counts:
-            raise FedriskError(f"{self.name}: needs integer class labels (0/1) to tell positives from negatives")
-        pairs = class_count_pairs(fed.class_counts)
-        if sum(p for p, _ in pairs) == 0 or sum(n for _, n in pairs) == 0:
-            missing = "positive" if sum(p for p, _ in pairs) == 0 else "negative"
-            raise FedriskError(
-                f"{self.name}: the federation has no {missing} training examples; the X-risk is undefined"
-            )
-        for k, (pos, neg) in enumerate(pairs):
-            if pos and neg:
-                continue
-            if pos + neg == 0:
-                raise FedriskError(f"{self.name}: client {k} has no training samples; every client needs data")
-            warnings.warn(
-                self.single_class_message(k, "positive" if pos == 0 else "negative", pos + neg),
-                SingleClassClientWarning,
-                stacklevel=2,
-            )
-
-    def single_class_message(self, client: int, missing: str, n: int) -> str:
-        term = "G1 (its active positives)" if missing == "positive" else "G2 (its active negatives)"
-        return (
-            f"{self.name}: client {client} has no {missing} examples ({n} samples). It still trains on the "
-            f"cross-client pairs of its other class; its {term} term is 0 and the server drops its {missing} "
-            "score uploads"
-        )
-
-    def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
-        state: dict[str, Any] = {"params": params}
-        if self.uses_momentum:
-            state["momentum"] = tree_zeros_like(params)  # Ḡ^0 = 0
-        return state
-
-    def init_client(self, ctx: RoundContext, client: int, params: Tree) -> Tree:
-        if not self.uses_u:
-            return {}
-        dtype = next(iter(params.values())).dtype if isinstance(params, dict) and params else torch.get_default_dtype()
-        # one row per training row, padded to the largest client so that every client's state has the
-        # same shape (the vectorised executor then runs all clients in one vmap group); rows >= the
-        # client's size are never read
-        rows = max(ctx.fed.client_sizes)
-        return {"u": torch.full((rows,), float(getattr(self, "u_init", 1.0)), dtype=dtype)}
-
-    # -- one round ----------------------------------------------------------------------------
-    def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
-        broadcast = {"params": server_state["params"]}
-        if self.federated_pairs and ctx.round == 0:  # H^0, U^0 from every client (Alg. 3 too)
-            return RoundPlan(list(range(ctx.fed.num_clients)), broadcast, kind=BOOTSTRAP)
-        clients = sample_clients(gen, ctx.fed.num_clients, self.clients_per_round)
-        if self.uses_momentum:
-            broadcast["momentum"] = server_state["momentum"]
-        for key in self.pool_keys():
-            broadcast[key] = server_state[key]
-        return RoundPlan(clients, broadcast, kind=TRAIN)
-
-    def pool_keys(self) -> tuple[str, ...]:
-        return ()
-
-    def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
-        K, f64 = self.local_steps, torch.float64
-        return {"pos": rng.uniform((K, self.batch_pos), f64), "neg": rng.uniform((K, self.batch_neg), f64)}
-
-    def active_rows(self, data: LocalData, draws: Tree) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``[K, B1]`` positive rows, ``[K, B2]`` negative rows, and the 0/1 weights (has positives,
-        has negatives) of the client."""
-        order, n_pos, n_neg = class_order(data)
-        zero = torch.zeros((), dtype=torch.int64, device=order.device)
-        rows_pos = pick_rows(order, zero, n_pos, draws["pos"])
-        rows_neg = pick_rows(order, n_pos, n_neg, draws["neg"])
-        dtype = data.x.dtype if data.x.is_floating_point() else torch.get_default_dtype()
-        return rows_pos, rows_neg, (n_pos > 0).to(dtype), (n_neg > 0).to(dtype)
-
-    def passive_scores(self, payload: Mapping[str, Any], draws: Tree) -> tuple[Tensor, Tensor, Tensor | None]:
-        """``[K, B2]`` passive negatives, ``[K, B1]`` passive positives (and their u)."""
-        raise NotImplementedError
-
-    def local_steps_loop(
-        self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
-    ) -> tuple[Tree, Tree | None, Tree, Tensor, Tensor, Tensor, Tensor]:
-        """K local steps; returns (w, G, new state, stored positive / negative scores and u, mean loss)."""
-        kind, surrogate, margin = self.kind, self.surrogate, self.margin
-        lam, gamma, beta = getattr(self, "lam", 1.0), getattr(self, "gamma", 1.0), self.momentum_weight
-        B1, lr = self.batch_pos, self.round_lr(ctx.round)
-        rows_pos, rows_neg, has_pos, has_neg = self.active_rows(data, draws)
-        passive = self.passive_scores(payload, draws) if self.federated_pairs else None
-        if not self.federated_pairs:  # Local Pair: a pair needs both classes on this client
-            has_pos = has_neg = has_pos * has_neg
-        params, G = payload["params"], payload.get("momentum")
-        u = state.get("u")
-        names = list(params)
-        stored_a, stored_b, stored_u, losses = [], [], [], []
-        for k in range(self.local_steps):
-            rp, rn = rows_pos[k], rows_neg[k]
-            xs = data.x[torch.cat([rp, rn])]
-            u_rows = u[rp] if u is not None else None
-
-            def objective(p: dict[str, Tensor], xs: Tensor = xs, k: int = k, u_rows: Tensor | None = u_rows) -> Any:
-                h = self.scores(p, xs)
-                a, b = h[:B1], h[B1:]
-                if passive is not None:
-                    partner_neg, partner_pos, partner_u = passive[0][k], passive[1][k], passive[2]
-                    partner_u = partner_u[k] if partner_u is not None else None
-                else:  # local pairs only: the partners are this step's own scores
-                    partner_neg, partner_pos, partner_u = b.detach(), a.detach(), None
-                g = inner_loss(kind, surrogate, a.detach(), partner_neg, lam=lam, margin=margin).mean(1)
-                # eq. (11): u(z1) first, then ∇f at the updated u (spec §6.4)
-                u_new = moving_average(u_rows, g, gamma) if u_rows is not None else torch.ones_like(g)
-                if partner_u is None:
-                    partner_u = u_new
-                loss = decomposed_surrogate(
-                    kind,
-                    surrogate,
-                    a,
-                    b,
-                    partner_neg,
-                    partner_pos,
-                    u_new,
-                    partner_u,
-                    lam=lam,
-                    margin=margin,
-                    pos_weight=has_pos,
-                    neg_weight=has_neg,
-                )
-                return loss, (a.detach(), b.detach(), u_new.detach(), outer_value(kind, g, lam).mean())
-
-            (_, (a, b, u_new, value)), grads = value_and_grad(objective, has_aux=True)(params)
-            if u is not None:
-                u = u.scatter(0, rp, torch.where(has_pos > 0, u_new, u_rows))
-            if beta is not None:  # G^r_{i,k} = (1−β) G^r_{i,k−1} + β (G1 + G2)
-                G = {n: (1 - beta) * G[n] + beta * grads[n] for n in names}
-                step = G
-            else:
-                step = grads
-            params = {n: params[n] - lr * step[n] for n in names}
-            stored_a.append(a)
-            stored_b.append(b)
-            stored_u.append(u_new)
-            losses.append(value)
-        new_state = dict(state)
-        if u is not None:
-            new_state["u"] = u
-        return (
-            params,
-            G,
-            new_state,
-            torch.cat(stored_a),
-            torch.cat(stored_b),
-            torch.cat(stored_u),
-            torch.stack(losses).mean(),
-        )
-
-    def client_update(
-        self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
-    ) -> ClientResult:
-        raise NotImplementedError
-
-    def aggregate(
-        self, ctx: RoundContext, server_state: Tree, plan: RoundPlan, replies: Replies, gen: torch.Generator
-    ) -> Tree:
-        new = dict(server_state)
-        new["params"] = replies.mean("params")  # w̄^r = mean over the participants (Alg. 3)
-        if self.uses_momentum:
-            new["momentum"] = replies.mean("momentum")  # Ḡ^r
-        return new
+__all__ = [
+    "BOOTSTRAP",
+    "PASSIVE_SAMPLING",
+    "SCORES",
+    "TRAIN",
+    "FeDXL1",
+    "FeDXL2",
+    "PairwiseBase",
+    "SingleClassClientWarning",
+    "class_order",
+]
 
 
 @dataclass(frozen=True)
@@ -538,18 +239,20 @@ class FeDXL1(PairwiseBase):
     ) -> ClientResult:
         up_pos, up_neg = self.uploads()
         if ctx.kind == BOOTSTRAP:  # H^0_{i,1}, H^0_{i,2} (and U^0_i) with w0
-            rows_pos, rows_neg, _, _ = self.active_rows(data, draws)
+            rows_pos, rows_neg, _, _, ranks = self.active_rows(data, draws)
             with torch.no_grad():
                 a = self.scores(payload["params"], data.x[rows_pos.reshape(-1)])
                 b = self.scores(payload["params"], data.x[rows_neg.reshape(-1)])
             reply = {"h_pos": self.subsample(a, up_pos), "h_neg": self.subsample(b, up_neg)}
             if self.uses_u:
-                reply["u_pos"] = self.subsample(state["u"][rows_pos.reshape(-1)], up_pos)
+                reply["u_pos"] = self.subsample(state["u"][ranks.reshape(-1)], up_pos)
             return ClientResult(reply, state, {})
-        params, G, new_state, h_pos, h_neg, u_pos, loss = self.local_steps_loop(ctx, payload, state, data, draws)
+        params, G, new_state, h_pos, h_neg, u_pos, loss, v = self.local_steps_loop(ctx, payload, state, data, draws)
         reply: dict[str, Any] = {"params": params}
         if G is not None:
             reply["momentum"] = G
+        if v is not None:
+            reply["v"] = v
         reply["h_pos"], reply["h_neg"] = self.subsample(h_pos, up_pos), self.subsample(h_neg, up_neg)
         if self.uses_u:
             reply["u_pos"] = self.subsample(u_pos, up_pos)
@@ -590,11 +293,20 @@ class FeDXL2(FeDXL1):
     u-table (γ) and a momentum ``G`` (β) averaged by the server together with ``w``.
 
     Args:
-        xrisk: ``"pauc"`` (default) or ``"auc"`` (linear f; FeDXL1 plus momentum).
+        xrisk: ``"pauc"`` (default), ``"auc"`` (linear f; FeDXL1 plus momentum), ``"ap"`` (average
+            precision, eq. (19): a 2-vector u per positive, passive partners = both pools),
+            ``"tpauc"`` (two-way KL-DRO pAUC) or ``"pauc_cvar"`` (one-way CVaR pAUC) — the last
+            three in :mod:`fedrisk.objectives.compositional`.
         lam: ``λ > 0``, the KL temperature (paper: tuned in [1, 5]; code 1).
         gamma: ``γ ∈ (0, 1]``, the u moving-average weight (code 0.1).
         beta: ``β ∈ (0, 1]``, the momentum weight (paper 0.1; 1 = no momentum).
-        u_init: ``u^0`` (> 0; the code's 1 — the paper's 0 is invalid for ``λ log``).
+        u_init: ``u^0`` (> 0; the code's 1 — the paper's 0 is invalid for ``λ log``); both
+            columns of AP's u.  CVaR's thresholds start at 0 (SOPA).
+        lam_pos: ``λ' > 0``, the positives' KL temperature of ``"tpauc"`` (LibAUC's ``tau``).
+        gamma_v: ``γ_v ∈ (0, 1]``, the moving-average weight of ``"tpauc"``'s global ``v``
+            (each client moves its copy; the server averages them with the model).
+        max_fpr: ``"pauc_cvar"``'s FPR bound / CVaR level ``∈ (0, 1]`` (LibAUC's ``beta``).
+        dual_lr: ``"pauc_cvar"``'s threshold step size ``η > 0`` (LibAUC's ``eta``).
     """
 
     name: ClassVar[str] = "fedxl2"
@@ -605,3 +317,7 @@ class FeDXL2(FeDXL1):
     gamma: float = 0.1
     beta: float = 0.1
     u_init: float = 1.0
+    lam_pos: float = 1.0
+    gamma_v: float = 0.1
+    max_fpr: float = 0.2
+    dual_lr: float = 0.1

@@ -10,7 +10,7 @@ r"""Baselines of FeDXL (spec §2.5): Local Pair and centralised pairwise / compo
   minibatch pairwise SGD for linear f and SOX (Wang & Yang 2022) for ``f = λ log``: the u-table
   over all positives, ``u ← (1−γ) u + γ mean_q ℓ_in(a_p, b_q)`` and momentum ``β``.
 
-The same local loop as FeDXL (:meth:`fedrisk.algorithms.fedxl.PairwiseBase.local_steps_loop`) with
+The same local loop as FeDXL (:meth:`fedrisk.algorithms.pairwise.PairwiseBase.local_steps_loop`) with
 the passive partners replaced by the step's own scores (stop-gradient), so that for linear f the
 update is exactly the gradient of the local pairwise loss ``mean_{p,q} ℓ(a_p, b_q)``:
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from fedrisk.algorithms.base import ClientResult, FedInfo, LocalData, RoundContext
-from fedrisk.algorithms.fedxl import PairwiseBase
+from fedrisk.algorithms.pairwise import PairwiseBase
 from fedrisk.errors import FedriskError
 from fedrisk.tree import Tree
 
@@ -45,9 +45,11 @@ __all__ = ["CentralizedPair", "LocalPair"]
 class LocalPair(PairwiseBase):
     """Local Pair: the X-risk of each client's own pairs, local (momentum) SGD, periodic averaging.
 
-    Args (besides :class:`~fedrisk.algorithms.fedxl.PairwiseBase`'s):
-        xrisk: ``"auc"`` (linear f, default) or ``"pauc"`` (KL-DRO, ``f = λ log``).
-        lam, gamma, u_init: as in :class:`~fedrisk.algorithms.fedxl.FeDXL2` (``"pauc"`` only).
+    Args (besides :class:`~fedrisk.algorithms.pairwise.PairwiseBase`'s):
+        xrisk: ``"auc"`` (linear f, default), ``"pauc"`` (KL-DRO, ``f = λ log``), ``"ap"``,
+            ``"tpauc"`` or ``"pauc_cvar"`` (:class:`~fedrisk.algorithms.fedxl.FeDXL2`).
+        lam, gamma, u_init, lam_pos, gamma_v, max_fpr, dual_lr: as in
+            :class:`~fedrisk.algorithms.fedxl.FeDXL2` (the non-linear X-risks only).
         beta: momentum weight in ``(0, 1]`` (1 = plain SGD, default; the paper uses 0.1 for the
             pAUC task); the momentum is averaged with the model.
     """
@@ -60,6 +62,10 @@ class LocalPair(PairwiseBase):
     gamma: float = 0.1
     beta: float = 1.0
     u_init: float = 1.0
+    lam_pos: float = 1.0
+    gamma_v: float = 0.1
+    max_fpr: float = 0.2
+    dual_lr: float = 0.1
 
     @property
     def uses_momentum(self) -> bool:
@@ -74,10 +80,12 @@ class LocalPair(PairwiseBase):
     def client_update(
         self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
     ) -> ClientResult:
-        params, G, new_state, _, _, _, loss = self.local_steps_loop(ctx, payload, state, data, draws)
+        params, G, new_state, _, _, _, loss, v = self.local_steps_loop(ctx, payload, state, data, draws)
         reply: dict[str, Any] = {"params": params}
         if G is not None:
             reply["momentum"] = G
+        if v is not None:
+            reply["v"] = v
         return ClientResult(reply, new_state, {"loss": loss})
 
 

@@ -9,7 +9,8 @@ Example:
     (4, 2)
 """
 
-import fedrisk.data.games  # noqa: F401  (registers wgan_1d, nc_sc_quadratic)
+import fedrisk.data.games  # registers wgan_1d, nc_sc_quadratic
+import fedrisk.data.ranking  # noqa: F401  (registers synthetic_ranking)
 from fedrisk.data.build import build_federation
 from fedrisk.data.chexpert import load_chexpert
 from fedrisk.data.federation import Federation, PartitionReport, Samples

@@ -87,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except c.DeployFailed as exc:
         print(f"failed: {exc}", file=sys.stderr)
         return 1
-    from fedrisk.cli import outputs_line
+    from fedrisk.experiment.outputs import outputs_line
 
     print(f"Flower run {run.run_id} finished in {run.seconds:.1f} s; {outputs_line(run.out)}")
     return 0

@@ -52,6 +52,14 @@ RECORD_KEYS = ("round", "bytes_down", "bytes_up", "wall_time")
 """Keys of a metrics record that are not metrics."""
 
 
+def outputs_line(path: str | Path) -> str:
+    """``outputs in DIR: ...``, with ``tensorboard/`` and ``mlruns/`` when the run tracked to them
+    (the last line of ``fedrisk run`` and ``fedrisk deploy run``)."""
+    extra = [f"{d}/" for d in ("tensorboard", "mlruns") if (Path(path) / d).is_dir()]
+    files = "config.toml metrics.jsonl summary.json partition.json checkpoint.pt plots/"
+    return " ".join([f"outputs in {path}: {files}", *extra])
+
+
 # ----------------------------------------------------------------------------- atomic writes
 
 
@@ -227,9 +235,18 @@ def load_run(path: str | Path) -> RunData:
     return RunData(d.path, read_toml(d.config), read_jsonl(d.metrics), summary)
 
 
+def _tune_trial(run: Path, top: Path) -> bool:
+    """Whether ``run`` is a trial of a ``fedrisk tune`` study below ``top`` (``STUDY/trials/<n>``)."""
+    study = run.parent.parent
+    if run.parent.name != "trials" or not (study / "study.db").is_file():
+        return False
+    return top.resolve() not in (study.resolve(), run.parent.resolve())
+
+
 def find_runs(paths: Sequence[str | Path]) -> list[Path]:
     """Every run directory at or below ``paths`` (a directory holding ``config.toml`` and
-    ``metrics.jsonl``), sorted; a path holding none is an error."""
+    ``metrics.jsonl``), sorted; a path holding none is an error.  The trials of a tune study
+    (``STUDY/trials/<n>``) are found only when the study itself is given."""
     found: list[Path] = []
     for p in map(Path, paths):
         if not p.exists():
@@ -237,7 +254,9 @@ def find_runs(paths: Sequence[str | Path]) -> list[Path]:
         if (p / CONFIG).is_file() and (p / METRICS).is_file():
             found.append(p)
             continue
-        below = sorted(c.parent for c in p.rglob(METRICS) if (c.parent / CONFIG).is_file())
+        below = sorted(
+            c.parent for c in p.rglob(METRICS) if (c.parent / CONFIG).is_file() and not _tune_trial(c.parent, p)
+        )
         if not below:
             raise FedriskError(f"no run directories (with {CONFIG} and {METRICS}) at or below {str(p)!r}")
         found.extend(below)

@@ -36,7 +36,7 @@ from fedrisk.experiment.config import semantic_view
 from fedrisk.experiment.outputs import PERSONAL_STATS, RunData, atomic_write_text, best_round, find_runs, load_run
 from fedrisk.experiment.plots import MB, Curve, plot_curves
 from fedrisk.experiment.runner import lower_is_better
-from fedrisk.experiment.types import format_value
+from fedrisk.experiment.schema import format_value
 
 SEED_KEYS = ("run.seed", "run.seeds")
 _SEED_DIR = re.compile(r"^seed=\d+$")
@@ -137,16 +137,33 @@ def _best(run: RunData, metric: str) -> float | None:
     return min(vals) if lower_is_better(metric) else max(vals)
 
 
+def tuned_values(group: Group) -> str:
+    """The values ``fedrisk sweep --tune`` selected for a group (its folder's ``tuned.json``), or ""."""
+    import json
+
+    parents = {r.path.parent for r in group.runs}
+    if len(parents) != 1 or not (next(iter(parents)) / "tuned.json").is_file():
+        return ""
+    info = json.loads((next(iter(parents)) / "tuned.json").read_text())
+    return ", ".join(
+        f"{k.rsplit('.', 1)[-1]}={v:.4g}" if isinstance(v, float) else f"{k.rsplit('.', 1)[-1]}={format_value(v)}"
+        for k, v in info.get("params", {}).items()
+    )
+
+
 def markdown_table(groups: Sequence[Group], metrics: Sequence[str]) -> str:
-    """The results table: one row per configuration, final and best of each metric."""
-    head = ["configuration", "seeds", "rounds"]
+    """The results table: one row per configuration, final and best of each metric (and, for
+    tuned sweeps, the selected values)."""
+    tuned = [tuned_values(g) for g in groups]
+    head = ["configuration", *(["tuned"] if any(tuned) else []), "seeds", "rounds"]
     for m in metrics:
         head += [f"final {m}", f"best {m}"]
     head.append("MB communicated")
     rows = []
     for g in groups:
         rounds = sorted({int(r.records[-1]["round"]) for r in g.runs if r.records})
-        row = [g.label, str(len(g.runs)), "/".join(map(str, rounds)) or "0"]
+        row = [g.label, *([tuned[len(rows)] or "–"] if any(tuned) else []), str(len(g.runs))]
+        row.append("/".join(map(str, rounds)) or "0")
         for m in metrics:
             finals = [v for v in (_final(r, m) for r in g.runs) if v is not None]
             bests = [v for v in (_best(r, m) for r in g.runs) if v is not None]
@@ -157,7 +174,7 @@ def markdown_table(groups: Sequence[Group], metrics: Sequence[str]) -> str:
         if unfinished:
             row[0] += f" ({unfinished} unfinished)"
         rows.append(row)
-    align = ["---", "---:", "---:"] + ["---:"] * (2 * len(metrics)) + ["---:"]
+    align = ["---", *(["---"] if any(tuned) else []), "---:", "---:"] + ["---:"] * (2 * len(metrics)) + ["---:"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)

@@ -65,16 +65,7 @@ from fedrisk.experiment.checkpoint import (
     verify,
     write_checkpoint,
 )
-from fedrisk.experiment.config import (
-    AUTO,
-    NONE,
-    ONE_OUTPUT_LOSSES,
-    RUN_SEED,
-    ExperimentConfig,
-    algorithm_fields,
-    diff_configs,
-    model_options,
-)
+from fedrisk.experiment.config import ExperimentConfig, diff_configs
 from fedrisk.experiment.outputs import (
     RECORD_KEYS,
     RunDir,
@@ -87,6 +78,8 @@ from fedrisk.experiment.outputs import (
     write_jsonl,
 )
 from fedrisk.experiment.progress import Progress
+from fedrisk.experiment.schema import AUTO, NONE, RUN_SEED, algorithm_fields
+from fedrisk.experiment.sections import ONE_OUTPUT_LOSSES, model_options
 from fedrisk.experiment.tracking import open_tracking
 from fedrisk.runtime.client_store import DiskClientStates, is_snapshot_ref, snapshot_problem
 from fedrisk.runtime.evaluation import LOWER_IS_BETTER
@@ -366,10 +359,10 @@ def build_server_opt(lr: float, momentum: float, nesterov: bool, optimizer: str 
 
 
 def build_attack(spec: Mapping[str, Any]) -> tuple[Any, list[int]]:
-    from fedrisk.experiment.config import _schema, attack_registry
+    from fedrisk.experiment.sections import Attack, attack_registry
 
     reg = attack_registry()
-    options = {k: v for k, v in spec.items() if k not in _schema("attack")}
+    options = {k: v for k, v in spec.items() if k not in Attack.model_fields}
     ids = list(spec["byzantine"]) or list(range(spec["num_byzantine"]))
     try:
         return reg.get(spec["name"])(**options), ids
@@ -634,6 +627,7 @@ def run_experiment(
     label: str = "",
     seed: int | None = None,
     executor: Executor | None = None,
+    callbacks: Sequence[Callback] = (),
 ) -> RunResult:
     """Run ``cfg`` into ``out`` (default ``output.dir`` or ``runs/<config name>``).
 
@@ -647,6 +641,8 @@ def run_experiment(
         label: a prefix for the progress line.
         seed: the run seed (default ``run.seed`` / the single entry of ``run.seeds``).
         executor: an executor object instead of ``run.executor`` (e.g. fedrisk.deploy's Flower executor).
+        callbacks: more callbacks, called after the runner's own (``fedrisk tune`` reports each evaluation to
+            Optuna and stops a pruned trial by raising from ``on_evaluation``).
 
     Raises:
         FedriskError: bad input (the directory, the checkpoint, the config).
@@ -666,7 +662,7 @@ def run_experiment(
     show = Progress(cfg["run.rounds"], mode=progress if executor.is_primary else "none", stream=stream, label=label)
     try:
         with SignalGuard(stream=show.stream if show.mode != "none" else None, newline=show.mode == "bar") as guard:
-            return _run(cfg, rd, ckpt, seed, executor, show, guard)
+            return _run(cfg, rd, ckpt, seed, executor, show, guard, callbacks)
     finally:
         torch.set_num_threads(threads_before)
 
@@ -698,6 +694,7 @@ def _run(
     executor: Executor,
     show: Progress,
     guard: SignalGuard,
+    user_callbacks: Sequence[Callback] = (),
 ) -> RunResult:
     built = build_simulation(cfg, seed, executor=executor, client_store=rd.client_states)
     sim = built.simulation
@@ -738,7 +735,7 @@ def _run(
         tracking = open_tracking(cfg, rd.path, seed=seed, resume_round=None if ckpt is None else sim.round)
         if tracking is not None:  # TensorBoard / MLflow ([output] tensorboard, mlflow)
             callbacks.append(tracking)
-    callbacks += [show, checkpointer]
+    callbacks += [show, checkpointer, *user_callbacks]
     finished = False
     try:
         run_simulation(
@@ -774,7 +771,7 @@ def _run(
 
 
 def _show(value: Any) -> str:
-    from fedrisk.experiment.types import format_value
+    from fedrisk.experiment.schema import format_value
 
     return "(absent)" if not isinstance(value, (str, int, float, bool, list, dict)) else format_value(value)
 

@@ -44,7 +44,7 @@ from fedrisk.experiment.config import ExperimentConfig, flatten
 from fedrisk.experiment.outputs import RunDir, atomic_write_text
 from fedrisk.experiment.report import Report, make_report
 from fedrisk.experiment.runner import SIGNAL_NAMES, RunInterrupted, run_experiment
-from fedrisk.experiment.types import to_toml_value
+from fedrisk.experiment.schema import to_toml_value
 
 SWEEP_CONFIG = "sweep.toml"
 POINT_LOG = "sweep.log"
@@ -247,6 +247,98 @@ def run_sweep(
     done = [p.path for p in points if _has_records(RunDir(p.path))]
     report = make_report(done, out=out) if done else None
     return SweepResult(points, skipped, failed, report)
+
+
+TUNED_FILE = "tuned.json"
+"""Written beside a tuned variant's seed runs (``DIR/<variant>/tuned.json``): the selected values."""
+
+
+def run_tuned_sweep(
+    cfg: ExperimentConfig,
+    out: str | Path,
+    *,
+    trials: int,
+    variants: Mapping[str, Mapping[str, Any]] | None = None,
+    seeds: Sequence[int] | None = None,
+    jobs: int = 1,
+    progress: str = "auto",
+    stream: TextIO | None = None,
+) -> SweepResult:
+    """Tune every variant separately (``trials`` trials each, its own ``tune.keys`` of the shared
+    ``[tune.space]``, studies in ``DIR/<variant>/tune/``), then run each variant's selected
+    config over ``seeds`` (``DIR/<variant>/seed=<s>/``) and report.  Re-running continues: finished
+    studies and runs are kept, interrupted ones resumed.
+
+    Every variant is checked (its space and the metric) before the first trial starts.
+    """
+    from fedrisk.experiment.tune import run_tune, select_overrides, tune_spec
+
+    out = Path(out)
+    stream = stream if stream is not None else sys.stderr
+    echo = (lambda line: None) if progress == "none" else (lambda line: print(line, file=stream, flush=True))
+    named = {name: flatten(v) for name, v in (variants or {}).items()} or {"": {}}
+    specs = {}
+    for name, over in named.items():
+        where = f"sweep variant {name!r}" if name else "the config"
+        try:
+            vcfg = cfg.with_overrides(over)
+        except FedriskError as exc:
+            raise FedriskError(f"{where}: {exc}") from None
+        specs[name] = (vcfg, tune_spec(vcfg, trials=trials, where=where))
+    dims = {name: len(spec.space) for name, (_, spec) in specs.items()}
+    if len(set(dims.values())) > 1:
+        echo(f"note: the variants tune different numbers of keys ({dims}); trials per variant are equal ({trials})")
+    tuned: dict[str, dict[str, Any]] = {}
+    for name, (vcfg, spec) in specs.items():
+        folder = out / name if name else out
+        study = folder / "tune"
+        resume = (study / "study.db").is_file()
+        shown = ", ".join(f"{k}={d.spec}" for k, d in spec.space.items())
+        echo(f"tune {name or '(base)'}: {spec.trials} trials of {shown} on {spec.metric} -> {study}")
+        result = run_tune(vcfg, study, spec, resume=resume, echo=lambda line, n=name: echo(f"  {n} {line}".rstrip()))
+        tuned[name] = {**named[name], **result.best_params, **select_overrides(vcfg, spec.metric)}
+        folder.mkdir(parents=True, exist_ok=True)
+        info = {"params": result.best_params, "metric": spec.metric, "value": result.best_value, "trials": trials}
+        atomic_write_text(folder / TUNED_FILE, json.dumps(info, indent=2) + "\n")
+        picked = f"{shown_params(result.best_params)} ({spec.metric} = {result.best_value:.4f})"
+        echo(f"tune {name or '(base)'}: selected {picked}")
+        _reuse_best_trial(cfg, tuned[name], folder, seeds, result.best_run, echo)
+    if named.keys() == {""}:
+        return run_sweep(cfg.with_overrides(tuned[""]), out, seeds=seeds, jobs=jobs, progress=progress, stream=stream)
+    return run_sweep(cfg, out, variants=tuned, seeds=seeds, jobs=jobs, progress=progress, stream=stream)
+
+
+def _reuse_best_trial(cfg, overrides, folder, seeds, best_run, echo) -> None:
+    """The study ran on ``run.seed``: when that seed is among the sweep's, its run is the best
+    trial's run (the same config, seed and code: the same numbers), copied instead of repeated."""
+    import shutil
+
+    seed = cfg["run.seed"]
+    point = RunDir(folder / f"seed={seed}")
+    if seed not in (seeds or [seed]) or point.status() != "empty" or best_run is None:
+        return
+    trial = RunDir(best_run)
+    if trial.status() != "finished":
+        return
+    want = cfg.with_overrides({**overrides, "run.seed": seed, "run.seeds": []}).semantic()
+    from fedrisk.experiment.config import load_config
+
+    if load_config(trial.config).semantic() != want:
+        return
+    shutil.copytree(trial.path, point.path, dirs_exist_ok=True)
+    echo(f"  seed={seed}: the best trial's run ({trial.path}), copied to {point.path}")
+
+
+def shown_params(params: Mapping[str, Any]) -> str:
+    """``{"algorithm.lr": 0.0123456}`` -> ``"lr=0.01235"``.
+
+    Example:
+        >>> shown_params({"algorithm.lr": 0.0123456, "algorithm.lam": 10})
+        'lr=0.01235, lam=10'
+    """
+    from fedrisk.experiment.tune import short
+
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={short(v)}" for k, v in params.items())
 
 
 def _has_records(rd: RunDir) -> bool:

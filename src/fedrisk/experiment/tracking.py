@@ -84,7 +84,7 @@ def scalars(record: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _param_text(value: Any) -> str:
-    from fedrisk.experiment.types import format_value
+    from fedrisk.experiment.schema import format_value
 
     return value if isinstance(value, str) else format_value(value)
 

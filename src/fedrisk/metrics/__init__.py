@@ -1,4 +1,5 @@
-"""Evaluation metrics (classification accuracy family, AUROC / partial AUROC, AP, log loss).
+"""Evaluation metrics (classification accuracy family, AUROC / partial AUROC, AP, log loss; NDCG@k
+for multi-query ranking in :mod:`fedrisk.metrics.ranking`).
 
 Example:
     >>> from fedrisk.metrics import auroc, parse_metric
@@ -25,6 +26,7 @@ from fedrisk.metrics.classification import (
     worst_class_accuracy,
     worst_group_accuracy,
 )
+from fedrisk.metrics.ranking import ndcg_at_k, ndcg_per_query
 
 __all__ = [
     "LOG_LOSS_EPS",
@@ -36,6 +38,8 @@ __all__ = [
     "auroc",
     "group_accuracies",
     "log_loss",
+    "ndcg_at_k",
+    "ndcg_per_query",
     "parse_metric",
     "partial_auroc",
     "per_class_accuracy",

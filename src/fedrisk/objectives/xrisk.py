@@ -5,8 +5,10 @@ Guo, Jin, Luo & Yang, *FeDXL: Provable Federated Learning for Deep X-Risk Optimi
 
     min_w (1/|S1|) Σ_{z ∈ S1} f( g(w, z, S2) ),     g(w, z, S2) = (1/|S2|) Σ_{z' ∈ S2} ℓ(h(w, z), h(w, z'))
 
-with ``S1`` the positives, ``S2`` the negatives, ``h`` the score and ``ℓ(a, b)`` a pairwise loss of
-a positive score ``a`` and a negative score ``b``.  Two instances (:data:`XRISKS`):
+with ``S1`` the positives, ``S2`` the negatives (all examples for average precision), ``h`` the
+score and ``ℓ(a, b)`` a pairwise loss of
+a positive score ``a`` and a negative score ``b``.  Two instances here (the others of
+:data:`XRISKS` — AUPRC, two-way and CVaR pAUC — are in :mod:`fedrisk.objectives.compositional`):
 
 * ``"auc"`` — **linear** ``f(s) = s`` (eq. (16)): the pairwise AUROC surrogate
   ``mean_{i,j} ℓ(a_i, b_j)`` (:func:`pairwise_auc_risk`); ``∇f = 1``.
@@ -75,8 +77,10 @@ __all__ = [
     "xrisk",
 ]
 
-XRISKS = ("auc", "pauc")
-"""``"auc"``: linear f (pairwise AUROC surrogate); ``"pauc"``: KL-DRO one-way pAUC, f = λ log."""
+XRISKS = ("auc", "pauc", "ap", "tpauc", "pauc_cvar")
+"""``"auc"``: linear f (pairwise AUROC surrogate); ``"pauc"``: KL-DRO one-way pAUC, f = λ log;
+``"ap"`` (average precision), ``"tpauc"`` (two-way KL-DRO pAUC), ``"pauc_cvar"`` (one-way CVaR
+pAUC): :mod:`fedrisk.objectives.compositional`."""
 
 
 def squared_hinge_pair(a: Tensor, b: Tensor, margin: float = 1.0) -> Tensor:

@@ -1,0 +1,632 @@
+"""Every fixed key of a config, one pydantic model per table (:data:`SCHEMA`).
+
+A key is one annotated line: its type, :func:`~fedrisk.experiment.schema.key` with the
+default (``...`` = required), the line of ``docs/config-reference.md``, a range (``ge`` /
+``gt`` / ``le`` / ``lt``) and ``semantic=False`` for keys that do not change a run's numbers;
+``Annotated[str, OneOf("executors")]`` restricts a name to a registry (or a tuple).  **Adding a
+key** to ``[run]`` is one line in :class:`Run`::
+
+    select_by: str = key("", 'metric that picks the reported round; "" = the last round')
+
+then regenerate the reference (:func:`reference_markdown` below;
+``tests/experiment/test_docs.py`` says when it is stale).  A rule between keys goes in the
+section's ``resolve_*`` function below.  A new table is a
+:class:`~fedrisk.experiment.schema.Section` subclass here, a field of that type in its parent
+(``binarize: Binarize | None``) and an entry in :data:`SCHEMA`; a new top-level table is
+an entry in :data:`SCHEMA` and :data:`SECTIONS` (``resolve_config`` then validates it and
+adds it to the resolved config; a rule between its keys goes in a ``resolve_<table>``
+function called there).  The options of named components (an algorithm's
+hyper-parameters, a dataset's or model's options) are not listed here: they are derived from
+the registered dataclass / function (:mod:`fedrisk.experiment.schema`).
+
+Example:
+    >>> from fedrisk.experiment.schema import validate
+    >>> validate(Run, {"rounds": 3}, "run")[0].rounds
+    3
+    >>> validate(Data, {"dataset": "digits", "binarize": {"imratio": 1}}, "data")[1]
+    ['data.binarize.imratio = 1.0 is out of range; allowed: (0.0, 1.0)']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any
+
+from pydantic_core import PydanticUndefined
+
+from fedrisk.errors import FedriskError, check_range
+from fedrisk.experiment.schema import (
+    AUTO,
+    NONE,
+    RUN_SEED,
+    SHOWN_DEFAULT,
+    AlgorithmFields,
+    OneOf,
+    Section,
+    algorithm_fields,
+    attack_registry,
+    derived_section,
+    field_names,
+    flatten,
+    format_value,
+    interval,
+    is_plain_value,
+    key,
+    options_section,
+    registry_names,
+    section_values,
+    short,
+    unknown_choice,
+    validate,
+)
+
+DTYPES = ("float32", "float64")
+SPLITS = ("test", "validation")
+FAILURE_POLICIES = ("raise", "skip")
+CLIENT_STATES = ("memory", "disk")
+SERVER_OPTIMIZERS = ("sgd", "adam")
+ONE_OUTPUT_LOSSES = ("binary_cross_entropy", "binary_cross_entropy_probs", "mse")
+
+
+# ============================================================================= the schema
+
+
+class TopLevel(Section):
+    imports: list[str] = key([], "modules imported before validation (they may register algorithms, datasets, ...)")
+
+
+class Binarize(Section):
+    positive_classes: int | list[int] | None = key(
+        None, 'classes mapped to label 1; "none" = the upper half of the classes'
+    )
+    imratio: float | None = key(
+        None, 'target positive fraction of the training set (positives subsampled); "none" = keep all', gt=0.0, lt=1.0
+    )
+    per_class: bool = key(False, "spread the positive budget over the positive classes in proportion to their sizes")
+    balanced_test: bool = key(False, "subsample the test set to equal class counts")
+
+
+class FeatureNoise(Section):
+    std: float = key(..., "noise standard deviation", ge=0.0)
+    mean: float = key(0.0, "noise mean of the middle client")
+    mean_step: float = key(0.0, "client k's mean is mean + (k - K//2) * mean_step")
+
+
+class LabelNoise(Section):
+    rate: float = key(0.0, "probability of replacing a client's training label by a random other class", ge=0.0, le=1.0)
+
+
+class Data(Section):
+    dataset: Annotated[str, OneOf("datasets")] = key(..., "dataset name")
+    partition: Annotated[str, OneOf("partitioners")] = key("iid", "partitioner name")
+    num_clients: int = key(10, "number of clients K", ge=1)
+    seed: int | str = key(
+        RUN_SEED, 'seed of the data pipeline; "run" = the run\'s seed, an integer fixes the split across seeds'
+    )
+    data_root: str = key("", 'folder with user-supplied files (MNIST, CIFAR, ...); "" = none')
+    client_test_fraction: float = key(0.0, "share of each client's rows kept as its personal test set", ge=0.0, lt=1.0)
+    validation_fraction: float = key(
+        0.0, "share of the training set held out as the global validation set", ge=0.0, lt=1.0
+    )
+    dataset_options: dict[str, Any] = key(
+        {}, "options of the dataset loader (checked against it; `fedrisk list datasets`)"
+    )
+    partition_options: dict[str, Any] = key(
+        {}, "options of the partitioner (alpha, min_size, classes_per_client, ..., on)"
+    )
+    binarize: Binarize | None = key(None, "optional [data.binarize] table: classes -> {0, 1}")
+    feature_noise: FeatureNoise | None = key(
+        None, "optional [data.feature_noise] table: per-client Gaussian input noise"
+    )
+    label_noise: LabelNoise | None = key(
+        None, "optional [data.label_noise] table: symmetric label noise on client rows"
+    )
+
+
+class Model(Section):
+    name: Annotated[str, OneOf("models")] = key("logreg", "model name (its options go beside it, e.g. hidden = [64])")
+    num_outputs: int | str = key(AUTO, '"auto" (classes, or 1 for one-output objectives / scorers) or an integer')
+
+
+class Objective(Section):
+    name: Annotated[str, OneOf("objectives")] = key(AUTO, '"auto" or a loss name (`fedrisk list objectives`)')
+
+
+class AlgorithmName(Section):
+    name: Annotated[str, OneOf("algorithms")] = key(
+        "fedavg", "algorithm name (its hyper-parameters go beside it; `fedrisk list algorithms NAME`)"
+    )
+
+
+class AggregatorKey(Section):
+    aggregator: str | dict[str, Any] = key(
+        None,
+        'aggregator name, or {name = "...", option = ...} (algorithms with an aggregator field)',
+        shown="(algorithm default)",
+    )
+
+
+class ServerStep(Section):
+    server_lr: float = key(
+        1.0, "server learning rate on the averaged delta (algorithms with a server_opt field)", gt=0.0
+    )
+    server_momentum: float = key(
+        0.0, "server momentum beta (FedAvgM; algorithms with a server_opt field)", ge=0.0, lt=1.0
+    )
+    server_nesterov: bool = key(False, "Nesterov form of the server momentum")
+    server_optimizer: Annotated[str, OneOf(SERVER_OPTIMIZERS)] = key(
+        "sgd", 'server step: "sgd" (server_lr, server_momentum) or "adam" (Adam with lr server_lr on -delta)'
+    )
+
+
+class Algorithm(ServerStep, AggregatorKey, AlgorithmName):
+    """The fixed keys of ``[algorithm]``; an algorithm's own table is :func:`algorithm_section`."""
+
+
+class Attack(Section):
+    name: Annotated[str, OneOf("attacks")] = key(..., "attack name (its options go beside it)")
+    byzantine: list[int] = key([], "ids of the Byzantine clients")
+    num_byzantine: int = key(0, "alternatively: the first num_byzantine clients are Byzantine", ge=0)
+
+
+class Run(Section):
+    rounds: int = key(10, "communication rounds", ge=1)
+    seed: int = key(0, "the root of every random stream (data, initialisation, clients)", ge=0)
+    seeds: list[int] = key([], "several seeds: `fedrisk run` runs each into DIR/seed=<s>")
+    executor: Annotated[str, OneOf("executors")] = key("sequential", "how clients are run")
+    eval_every: int = key(1, "evaluate every this many rounds (and after the last)", ge=1)
+    eval_at_start: bool = key(False, "also evaluate the initial model (round 0)")
+    metrics: list[str] = key([], "metric names; [] = accuracy/log_loss, or auroc/auprc for one-output binary models")
+    splits: Annotated[list[str], OneOf(SPLITS)] = key(["test"], "global splits to evaluate on")
+    dtype: Annotated[str, OneOf(DTYPES)] = key("float32", "floating dtype of data and parameters")
+    on_client_failure: Annotated[str, OneOf(FAILURE_POLICIES)] = key(
+        "raise", "a failing / NaN client stops the run or is skipped"
+    )
+    min_replies: int = key(1, "a round with fewer valid client replies stops the run (never counted)", ge=1)
+    client_states: Annotated[str, OneOf(CLIENT_STATES)] = key(
+        "memory",
+        'where per-client states live: "memory", or "disk" (one file per client in DIR/client_states; '
+        "checkpoints link the files instead of loading them; for large federations)",
+        semantic=False,
+    )
+    checkpoint_every: int = key(
+        0, "also write a checkpoint every this many rounds (0 = no round interval)", ge=0, semantic=False
+    )
+    checkpoint_seconds: float = key(
+        30.0,
+        "write a checkpoint after a round once this many seconds have passed since the last one "
+        "(0 = no time interval); checkpoints are always written at the end and on SIGINT/SIGTERM",
+        ge=0,
+        semantic=False,
+    )
+    threads: int = key(0, "torch threads (0 = torch's default)", ge=0, semantic=False)
+    init_from: str = key(
+        "", 'start from a finished run\'s model: its directory (model.pt) or a .pt file; "" = random init'
+    )
+
+
+class Output(Section):
+    dir: str = key("", 'the run directory; "" = runs/<config file name>', semantic=False)
+    plots: bool = key(True, "write PNG plots at the end of the run", semantic=False)
+    tensorboard: bool = key(
+        False,
+        "also log every evaluation and the config to TensorBoard event files in DIR/tensorboard "
+        "(needs fedrisk[tracking])",
+        semantic=False,
+    )
+    mlflow: bool = key(
+        False, "also log every evaluation and the config to MLflow (needs fedrisk[tracking])", semantic=False
+    )
+    mlflow_tracking_uri: str = key("", 'the MLflow tracking URI; "" = a local file store in DIR/mlruns', semantic=False)
+    mlflow_experiment: str = key("", 'the MLflow experiment name; "" = the config file\'s name', semantic=False)
+
+
+class Sweep(Section):
+    seeds: int | list[int] = key(1, "an integer N (seeds run.seed .. run.seed+N-1) or a list of seeds", semantic=False)
+    jobs: int = key(1, "runs in parallel (subprocesses)", ge=1, semantic=False)
+    grid: dict[str, Any] = key(
+        {}, 'key -> list of values, e.g. "algorithm.lr" = [0.03, 0.1]; every combination runs', semantic=False
+    )
+    variants: dict[str, Any] = key(
+        {}, "name -> table of overrides; every variant runs with every grid point", semantic=False
+    )
+
+
+# ---- [tune] (fedrisk tune, sweep --tune; the space is parsed and checked by fedrisk.experiment.tune_space)
+class Tune(Section):
+    space: dict[str, Any] = key(
+        {},
+        'key -> search space, e.g. "algorithm.lr" = "log:1e-3:1" (also "float:LO:HI", "int:LO:HI", '
+        '"logint:LO:HI", "choice:A,B,C")',
+        semantic=False,
+    )
+    keys: list[str] = key(
+        [], "the keys of space that are tuned ([] = all); a sweep variant sets its own", semantic=False
+    )
+    trials: int = key(16, "trials per study (per variant under `sweep --tune`)", ge=1, semantic=False)
+    metric: str = key(
+        "", 'the validation metric to optimise, e.g. "validation_auroc" (required to tune)', semantic=False
+    )
+    pruner: Annotated[str, OneOf(("median", "halving", "none"))] = key(
+        "median", "stop unpromising trials early", semantic=False
+    )
+    sampler: Annotated[str, OneOf(("tpe", "random"))] = key(
+        "tpe", "how trials are proposed (seeded with run.seed)", semantic=False
+    )
+    jobs: int = key(1, "trials in parallel (worker processes)", ge=1, semantic=False)
+
+
+# ---- end [tune]
+
+
+SCHEMA: dict[str, type[Section]] = {
+    "": TopLevel,
+    "data": Data,
+    "data.binarize": Binarize,
+    "data.feature_noise": FeatureNoise,
+    "data.label_noise": LabelNoise,
+    "model": Model,
+    "objective": Objective,
+    "algorithm": Algorithm,
+    "attack": Attack,
+    "run": Run,
+    "output": Output,
+    "sweep": Sweep,
+    "tune": Tune,
+}
+"""Every table of a config (``""`` = top level).  ``[model]``, ``[algorithm]`` and ``[attack]``
+also take the named object's own options; ``data.dataset_options`` and
+``data.partition_options`` are checked against the named loader / partitioner."""
+
+SECTIONS = ("data", "model", "objective", "algorithm", "attack", "run", "output", "sweep", "tune")
+NOT_RUN_SECTIONS = ("sweep", "tune")
+"""Sections that describe how runs are driven (sweeps, tuning), not one run: left out of run configs."""
+OPTIONAL_TABLES = {"data.binarize", "data.feature_noise", "data.label_noise"}
+
+
+# ============================================================================= rules between keys
+# Each section's table is validated by its model above; the functions below add what a model
+# cannot say alone (a name's own options, rules between keys) and collect every problem.
+
+
+def table_values(model: type[Section], table: Any, name: str, problems: list[str]) -> dict[str, Any] | None:
+    """The validated table as a dict (every key, defaults filled), or None with its problems
+    added to ``problems``."""
+    obj, found = validate(model, table, name)
+    problems += found
+    return None if obj is None else section_values(obj)
+
+
+def _check(problems: list[str], check: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    try:
+        check(*args, **kwargs)
+    except FedriskError as exc:
+        problems.append(str(exc))
+
+
+def _options(model: type[Section], table: Any, name: str, problems: list[str], fill: bool) -> dict[str, Any]:
+    """A component's options (``model.component`` names it): the given ones validated, plus
+    (with ``fill``) the defaults TOML can hold."""
+    values = table_values(model, table, name, problems) or {}
+    out = {k: values[k] for k in table if k in values}
+    if fill:
+        for k, f in model.model_fields.items():
+            default = f.get_default(call_default_factory=True)
+            if (f.alias or k) not in out and is_plain_value(default):
+                out[f.alias or k] = list(default) if isinstance(default, tuple) else default
+    return out
+
+
+def _valid_name(table: Any, key: str, default: Any, kind: str) -> str | None:
+    """``table[key]`` when it is a registered name of ``kind`` (so that a component's options
+    are checked even when another key of its table is wrong)."""
+    name = table.get(key, default) if isinstance(table, Mapping) else None
+    return name if isinstance(name, str) and name in registry_names(kind) else None
+
+
+def _split(table: Any, fixed: type[Section]) -> tuple[Any, dict[str, Any]]:
+    """``(the fixed keys, the component's options)`` of a table with both."""
+    if not isinstance(table, Mapping):
+        return table, {}
+    return {k: v for k, v in table.items() if k in fixed.model_fields}, {
+        k: v for k, v in table.items() if k not in fixed.model_fields
+    }
+
+
+# ----------------------------------------------------------------------------- [data]
+
+
+def resolve_data(table: Mapping[str, Any], problems: list[str]) -> dict[str, Any] | None:
+    from fedrisk.data import DATASETS, PARTITIONERS
+
+    out = table_values(Data, table, "data", problems)
+    seed = table.get("seed")
+    if isinstance(seed, str) and seed != RUN_SEED:
+        problems.append(f'data.seed = {format_value(seed)} is not allowed; allowed: "{RUN_SEED}" or an integer >= 0')
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        _check(problems, check_range, "data.seed", seed, 0)
+    options: dict[str, Any] = {}  # checked whenever the name is valid (and the table a table)
+    if (name := _valid_name(table, "dataset", None, "datasets")) and isinstance(table.get("dataset_options", {}), dict):
+        loader = options_section(f"dataset {name!r}", DATASETS.get(name), exclude=("data_root",))
+        given = table.get("dataset_options", {})
+        options["dataset_options"] = _options(loader, given, "data.dataset_options", problems, fill=False)
+    if (name := _valid_name(table, "partition", "iid", "partitioners")) and isinstance(
+        table.get("partition_options", {}), dict
+    ):
+        on = (("on", str | None, None),)
+        part = options_section(f"partitioner {name!r}", PARTITIONERS.get(name), ("num_clients", "seed"), 1, on)
+        given = table.get("partition_options", {})
+        options["partition_options"] = _options(part, given, "data.partition_options", problems, fill=False)
+    return None if out is None else {**out, **options}
+
+
+# ----------------------------------------------------------------------------- [model]
+
+
+def resolve_model(table: Mapping[str, Any], problems: list[str]) -> dict[str, Any] | None:
+    from fedrisk.models import MODELS
+
+    fixed, given = _split(table, Model)
+    out = table_values(Model, fixed, "model", problems)
+    nout = fixed.get("num_outputs") if isinstance(fixed, Mapping) else None
+    if isinstance(nout, str) and nout != AUTO:
+        problems.append(
+            f'model.num_outputs = {format_value(nout)} is not allowed; allowed: "{AUTO}" or an integer >= 1'
+        )
+    if isinstance(nout, int) and not isinstance(nout, bool):
+        _check(problems, check_range, "model.num_outputs", nout, 1)
+    if (name := _valid_name(table, "name", "logreg", "models")) is None:
+        return None
+    model = options_section(f"model {name!r}", MODELS.get(name), ("input_shape", "num_outputs"), 2)
+    options = _options(model, given, "model", problems, fill=True)
+    return None if out is None else {**out, **options}
+
+
+def model_options(model: Mapping[str, Any]) -> dict[str, Any]:
+    """The factory options of a resolved ``[model]`` table (without name / num_outputs)."""
+    return {k: v for k, v in model.items() if k not in Model.model_fields}
+
+
+# ----------------------------------------------------------------------------- [algorithm]
+
+
+def algorithm_section(cls: type) -> type[Section]:
+    """The ``[algorithm]`` model of algorithm ``cls``: its name, its hyper-parameters (from the
+    dataclass) and, where it has those fields, the aggregator and the server-step keys."""
+    cached = _ALGORITHM_SECTIONS.get(cls)
+    if cached is None:
+        fields = algorithm_fields(cls)
+        name = getattr(cls, "name", cls.__name__)
+        bases = (ServerStep, AlgorithmName) if fields.server_opt else (AlgorithmName,)
+        hyper = dict(fields.hyper)
+        if fields.aggregator:
+            hyper["aggregator"] = (None, None)  # a name or a table: checked by resolve_aggregator
+        phrase = f"algorithm {name!r} needs the hyper-parameter '{{key}}' ({{type}})"
+        cached = _ALGORITHM_SECTIONS[cls] = derived_section(f"Algorithm[{name}]", bases, hyper, required=phrase)
+    return cached
+
+
+_ALGORITHM_SECTIONS: dict[type, type[Section]] = {}
+
+
+def resolve_algorithm(table: Mapping[str, Any], problems: list[str]) -> dict[str, Any] | None:
+    from fedrisk.algorithms import ALGORITHMS
+
+    if not isinstance(table, Mapping):
+        problems.append(f"[algorithm] must be a table; got {format_value(table)}")
+        return None
+    head = table_values(AlgorithmName, {"name": table["name"]} if "name" in table else {}, "algorithm", problems)
+    if head is None:
+        return None
+    cls = ALGORITHMS.get(head["name"])
+    fields = algorithm_fields(cls)
+    model = algorithm_section(cls)
+    valid = field_names(model)
+    table = dict(table)
+    for k in [k for k in table if k in Algorithm.model_fields and k not in valid]:
+        what = "aggregator" if k == "aggregator" else "server optimiser"
+        problems.append(
+            f"algorithm.{k} is not allowed for algorithm {head['name']!r} (it has no {what}); "
+            f"valid keys in [algorithm]: {', '.join(sorted(valid))}"
+        )
+        del table[k]
+    values = table_values(model, table, "algorithm", problems)
+    if fields.aggregator:  # checked even when another key is wrong
+        aggregator = resolve_aggregator(table.get("aggregator"), cls, fields.aggregator, problems)
+    if values is None:
+        return None
+    out = {"name": values["name"], **{k: values[k] for k in fields.hyper}}
+    if fields.aggregator:
+        out["aggregator"] = aggregator
+    if fields.server_opt:
+        out.update({k: values[k] for k in ServerStep.model_fields})
+        if out["server_optimizer"] == "adam" and (out["server_momentum"] or out["server_nesterov"]):
+            problems.append(
+                'algorithm.server_optimizer = "adam" takes only server_lr (Adam\'s betas are 0.9, 0.999); '
+                "remove algorithm.server_momentum / algorithm.server_nesterov"
+            )
+        if out["server_optimizer"] == "sgd":  # the default stays out: checkpoints written before the key resume
+            del out["server_optimizer"]
+    _check(problems, _precheck_algorithm, cls, out, fields)
+    return out
+
+
+def resolve_aggregator(value: Any, cls: type, field_name: str, problems: list[str]) -> Any:
+    from fedrisk.aggregators import AGGREGATORS
+
+    if value is None:
+        default = next(f for f in dataclasses.fields(cls) if f.name == field_name)
+        obj = default.default_factory() if default.default_factory is not dataclasses.MISSING else default.default
+        name = getattr(obj, "name", None)
+        return name if name in AGGREGATORS else NONE
+    if isinstance(value, str):
+        name, options = value, {}
+    elif isinstance(value, Mapping) and "name" in value:
+        name, options = value["name"], {k: v for k, v in value.items() if k != "name"}
+    elif isinstance(value, Mapping):
+        problems.append(
+            'algorithm.aggregator table needs a name, e.g. aggregator = {name = "median"}; '
+            f"valid choices: {', '.join(AGGREGATORS.names())}"
+        )
+        return None
+    else:
+        problems.append(
+            f"algorithm.aggregator = {format_value(value)} has the wrong type; allowed: a name or a table with a name"
+        )
+        return None
+    if not isinstance(name, str):
+        problems.append(f"algorithm.aggregator.name = {format_value(name)} has the wrong type; allowed: a string")
+        return None
+    if name not in AGGREGATORS:
+        problems.append(unknown_choice("algorithm.aggregator", name, AGGREGATORS.names()))
+        return None
+    model = options_section(f"aggregator {name!r}", AGGREGATORS.get(name))
+    options = _options(model, options, "algorithm.aggregator", problems, fill=True)
+    return {"name": name, **options} if options else name
+
+
+def _precheck_algorithm(cls: type, hyper: Mapping[str, Any], fields: AlgorithmFields) -> None:
+    """Construct the algorithm with placeholder model/loss so that its own range checks run
+    before any data is loaded.  Only :class:`FedriskError` counts here: checks that need the
+    real model run again when the run is built."""
+    kwargs = {k: hyper[k] for k in fields.hyper}
+    kwargs["model"] = None
+    if fields.loss:
+        kwargs[fields.loss] = None
+    try:
+        cls(**kwargs)
+    except FedriskError as exc:
+        raise FedriskError(f"[algorithm] {hyper['name']}: {exc}") from None
+    except Exception:
+        pass
+
+
+# ----------------------------------------------------------------------------- [objective]
+
+
+def resolve_objective(
+    table: Mapping[str, Any], algorithm: Mapping[str, Any] | None, problems: list[str]
+) -> dict[str, Any] | None:
+    from fedrisk.algorithms import ALGORITHMS
+
+    out = table_values(Objective, table, "objective", problems)
+    if out is None or algorithm is None:
+        return out
+    if algorithm_fields(ALGORITHMS.get(algorithm["name"])).loss is None and out["name"] != AUTO:
+        problems.append(
+            f"objective.name = {format_value(out['name'])} is not allowed: algorithm {algorithm['name']!r} defines its "
+            f"own objective through its hyper-parameters (see `fedrisk list algorithms {algorithm['name']}`); "
+            f'remove [objective] or set name = "{AUTO}"'
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------- [attack]
+
+
+def resolve_attack(
+    table: Mapping[str, Any], data: Mapping[str, Any] | None, problems: list[str]
+) -> dict[str, Any] | None:
+    reg = attack_registry()
+    if reg is None or not reg.names():
+        problems.append("[attack]: no attacks are registered in this installation (fedrisk.attacks.ATTACKS)")
+        return None
+    fixed, given = _split(table, Attack)
+    out = table_values(Attack, fixed, "attack", problems)
+    if out is not None:
+        if out["byzantine"] and out["num_byzantine"]:
+            problems.append("[attack]: give either byzantine (client ids) or num_byzantine, not both")
+        ids = out["byzantine"] or list(range(out["num_byzantine"]))
+        if data is not None and ([k for k in ids if not 0 <= k < data["num_clients"]] or len(set(ids)) != len(ids)):
+            problems.append(
+                f"attack.byzantine = {format_value(ids)} is not allowed; "
+                f"allowed: distinct client ids in [0, {data['num_clients'] - 1}]"
+            )
+        if not ids:
+            problems.append("[attack] needs Byzantine clients: set byzantine = [ids] or num_byzantine = N")
+    if (name := _valid_name(table, "name", None, "attacks")) is None:
+        return None
+    options = _options(options_section(f"attack {name!r}", reg.get(name)), given, "attack", problems, fill=True)
+    return None if out is None else {**out, **options}
+
+
+# ----------------------------------------------------------------------------- [run], [sweep]
+
+
+def resolve_run(table: Mapping[str, Any], data: Mapping[str, Any] | None, problems: list[str]) -> dict[str, Any] | None:
+    from fedrisk.metrics import parse_metric
+
+    out = table_values(Run, table, "run", problems)
+    if out is None:
+        return None
+    for m in out["metrics"]:
+        try:
+            parse_metric(m)
+        except FedriskError as exc:
+            problems.append(f"run.metrics: {exc}")
+    if data is not None and "validation" in out["splits"] and data["validation_fraction"] <= 0:
+        problems.append(
+            'run.splits includes "validation" but data.validation_fraction = 0.0; allowed: set '
+            'data.validation_fraction in (0, 1) or evaluate on ["test"] only'
+        )
+    if len(set(out["seeds"])) != len(out["seeds"]) or any(s < 0 for s in out["seeds"]):
+        problems.append(f"run.seeds = {format_value(out['seeds'])} is not allowed; allowed: distinct integers >= 0")
+    return out
+
+
+def resolve_sweep(table: Mapping[str, Any], problems: list[str]) -> dict[str, Any] | None:
+    out = table_values(Sweep, table, "sweep", problems)
+    if out is None:
+        return None
+    seeds = out["seeds"]
+    if isinstance(seeds, int):
+        _check(problems, check_range, "sweep.seeds", seeds, 1)
+    elif not seeds or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
+        problems.append(f"sweep.seeds = {format_value(seeds)} is not allowed; allowed: distinct integers >= 0")
+    out["grid"] = flatten(out["grid"])
+    for k, values in out["grid"].items():
+        if not isinstance(values, list) or not values:
+            problems.append(
+                f"sweep.grid.{k} = {format_value(values)} has the wrong type; allowed: a non-empty list of values"
+            )
+    variants = {}
+    for name, over in out["variants"].items():
+        if not isinstance(over, Mapping) or not over:
+            problems.append(
+                f"sweep.variants.{name} = {format_value(over)} has the wrong type; allowed: a table of overrides "
+                'such as {"algorithm.name" = "scaffold"}'
+            )
+        else:
+            variants[name] = flatten(over)
+    out["variants"] = variants
+    return out
+
+
+# ============================================================================= reference
+
+
+def reference_markdown() -> str:
+    """The key tables of ``docs/config-reference.md``, generated from :data:`SCHEMA` (a test
+    checks that the document contains exactly this text)."""
+    blocks = []
+    for section, model in SCHEMA.items():
+        title = "top level" if not section else f"[{section}]"
+        lines = [f"### {title}", "", "| key | type | default | allowed | description |", "|---|---|---|---|---|"]
+        for name, f in model.model_fields.items():
+            extra = f.json_schema_extra or {}
+            if f.default is PydanticUndefined:
+                default = "(required)"
+            elif SHOWN_DEFAULT in extra:
+                default = str(extra[SHOWN_DEFAULT])
+            elif f.default is None and "table" in short(f.annotation):
+                default = "(absent)"
+            else:
+                default = f"`{format_value(f.default)}`"
+            one_of = next((m for m in f.metadata if isinstance(m, OneOf)), None)
+            allowed = one_of.allowed() if one_of else interval(f)
+            doc = (f.description or "").replace("|", "\\|")
+            kind = short(f.annotation).replace(" | ", " or ")
+            lines.append(f"| `{name}` | {kind} | {default} | {allowed} | {doc} |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"

@@ -1,0 +1,321 @@
+"""fedrisk tune: search-space parsing and bad input, pruning at the evaluation that condemns a
+trial, best.toml, and a resumed study (also after kill -9) equal to an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from fedrisk.errors import FedriskError
+from fedrisk.experiment.config import load_config, resolve_config
+from fedrisk.experiment.outputs import read_jsonl
+from fedrisk.experiment.runner import run_experiment
+from fedrisk.experiment.tune import (
+    Pruned,
+    Reporter,
+    open_study,
+    parse_dimension,
+    parse_space,
+    run_tune,
+    tune_spec,
+)
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+RAW = {
+    "data": {"dataset": "breast_cancer", "num_clients": 3, "validation_fraction": 0.3},
+    "model": {"name": "logreg"},
+    "objective": {"name": "binary_cross_entropy"},
+    "algorithm": {"name": "fedavg", "lr": 0.1, "local_steps": 2},
+    "run": {"rounds": 4, "eval_every": 2, "splits": ["test", "validation"], "metrics": ["auroc"]},
+    "output": {"plots": False},
+    "tune": {"space": {"algorithm.lr": "log:1e-4:1"}, "metric": "validation_auroc", "trials": 5},
+}
+
+
+def cfg_of(**over):
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in RAW.items()}
+    for k, v in over.items():
+        raw[k] = {**raw.get(k, {}), **v}
+    return resolve_config(raw)
+
+
+def outcome(out):
+    """The trials of a study in proposal order: (params, state, value, intermediate values)."""
+    import optuna
+
+    study = optuna.load_study(study_name="fedrisk", storage=f"sqlite:///{out / 'study.db'}")
+    rows = []
+    for t in sorted(study.get_trials(), key=lambda t: t.user_attrs.get("index", t.number)):
+        if t.state.name == "FAIL" and "error" not in t.user_attrs:
+            continue  # interrupted, proposed again
+        rows.append((t.params, t.state.name, t.value, dict(t.intermediate_values)))
+    return rows
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("log:0:1", "0 < LO"),
+        ("gauss:0:1", "unknown kind"),
+        ("float:2:1", "LO < HI"),
+        ("float:1", "two bounds"),
+        ("int:1.5:3", "integers"),
+        ("choice:", "empty choice"),
+        ("choice:1,1", "repeated"),
+        ("choice:[1],[2]", "numbers, strings or booleans"),
+    ],
+)
+def test_unparsable_space_is_one_line_error(text, why):
+    with pytest.raises(FedriskError) as err:
+        parse_dimension("algorithm.lr", text)
+    msg = str(err.value)
+    assert why in msg and "algorithm.lr" in msg and "allowed: log:LO:HI" in msg and "\n" not in msg
+
+
+def test_space_parses_kinds():
+    space = parse_space(["algorithm.lr=log:1e-3:1", "algorithm.local_steps=int:1:8", "model.name=choice:logreg,mlp"])
+    assert [(d.kind, d.low, d.high, d.choices) for d in space.values()] == [
+        ("log", 1e-3, 1.0, ()),
+        ("int", 1, 8, ()),
+        ("choice", None, None, ("logreg", "mlp")),
+    ]
+    with pytest.raises(FedriskError, match="given twice"):
+        parse_space(["algorithm.lr=log:1e-3:1", "algorithm.lr=float:0:1"])
+    with pytest.raises(FedriskError, match="KEY=SPEC"):
+        parse_space(["algorithm.lr"])
+
+
+def test_bad_keys_metrics_and_empty_space_are_errors():
+    cfg = cfg_of()
+    with pytest.raises(FedriskError, match=r"algorithm\.lrr.*unknown key"):
+        tune_spec(cfg, space=["algorithm.lrr=log:1e-3:1"])
+    with pytest.raises(FedriskError, match=r"local_steps = 'float:0.5:2.0'"):
+        tune_spec(cfg, space=["algorithm.local_steps=float:0.5:2"])  # an int key
+    with pytest.raises(FedriskError, match="not a tunable key"):
+        tune_spec(cfg, space=["run.seed=int:0:3"])
+    with pytest.raises(FedriskError, match="not evaluated on the validation split"):
+        tune_spec(cfg, metric="test_auroc")
+    with pytest.raises(FedriskError, match=r"'validation_accuracy'.* not evaluated.*auroc"):
+        tune_spec(cfg, metric="validation_accuracy")
+    with pytest.raises(FedriskError, match=r"needs (the|a) validation split"):
+        tune_spec(cfg_of(run={"splits": ["test"]}, data={"validation_fraction": 0.0}))
+    with pytest.raises(FedriskError, match="no metric to tune"):
+        tune_spec(cfg_of(tune={"metric": ""}))
+    with pytest.raises(FedriskError, match="has no tunable key"):
+        tune_spec(cfg_of(tune={"space": {}}))
+    with pytest.raises(FedriskError, match=r"tune\.keys lists algorithm\.lam, not in tune\.space"):
+        tune_spec(cfg_of(tune={"keys": ["algorithm.lam"]}))
+    with pytest.raises(FedriskError, match=r"unknown key 'tune\.sapce'"):
+        cfg_of(tune={"sapce": {}})
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    from fedrisk.cli import main
+
+    path = tmp_path / "c.toml"
+    path.write_text(tomli_w.dumps(RAW))
+    assert main(["tune", str(path), "--space", "algorithm.lr=log:-1:1", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: search space algorithm.lr = 'log:-1:1' does not parse") and err.count("\n") == 1
+
+
+# ----------------------------------------------------------------------------- pruning
+
+
+class _FakeTrial:
+    """Prunes at a given step; records what was reported."""
+
+    def __init__(self, prune_at: int) -> None:
+        self.prune_at = prune_at
+        self.reported: list[tuple[int, float]] = []
+
+    def report(self, value: float, step: int) -> None:
+        self.reported.append((step, value))
+
+    def should_prune(self) -> bool:
+        return self.reported[-1][0] >= self.prune_at
+
+
+def test_pruned_trial_stops_at_the_evaluation_of_the_decision(tmp_path):
+    cfg = cfg_of(run={"rounds": 10, "eval_every": 2})
+    trial = _FakeTrial(prune_at=4)
+    reporter = Reporter(trial, "validation_auroc", tmp_path / "metrics.jsonl")
+    with pytest.raises(Pruned, match="round 4"):
+        run_experiment(cfg, tmp_path, progress="none", callbacks=[reporter])
+    assert [s for s, _ in trial.reported] == [2, 4]
+    assert [r["round"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [2, 4]  # no round past the decision
+    assert [v for _, v in trial.reported] == [r["validation_auroc"] for r in read_jsonl(tmp_path / "metrics.jsonl")]
+
+
+def test_median_pruner_prunes_bad_trials_and_best_toml(tmp_path):
+    # lr = 1e-4 barely moves the model: worse than the median of finished trials at round 2 -> pruned
+    cfg = cfg_of(tune={"space": {"algorithm.lr": "choice:0.5,0.0001"}, "trials": 7})
+    result = run_tune(cfg, tmp_path, tune_spec(cfg), plots=False)
+    states = [(t.params["algorithm.lr"], t.state.name) for t in result.trials]
+    assert ("0.0001", "PRUNED") in [(str(lr), s) for lr, s in states[2:]]  # after the 2 startup trials
+    for t in result.trials:
+        if t.state.name == "PRUNED":
+            rounds = [r["round"] for r in read_jsonl(tmp_path / t.user_attrs["run_dir"] / "metrics.jsonl")]
+            assert rounds == [max(t.intermediate_values)] and rounds[-1] < cfg["run.rounds"]
+    # best.toml: the base config with the best value; best.json's round is the validation-best evaluation
+    best = load_config(tmp_path / "best.toml")
+    assert best["algorithm.lr"] == result.best_params["algorithm.lr"] == 0.5
+    info = json.loads((tmp_path / "best.json").read_text())
+    recs = read_jsonl(tmp_path / info["run_dir"] / "metrics.jsonl")
+    top = max(r["validation_auroc"] for r in recs)
+    assert info["value"] == top == result.best_value
+    assert info["round"] == min(r["round"] for r in recs if r["validation_auroc"] == top)
+    complete = [t.value for t in result.trials if t.state.name == "COMPLETE"]
+    assert result.best_value == max(complete)
+    assert "| trial | lr | validation_auroc |" in (tmp_path / "trials.md").read_text()
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+def test_resumed_tune_has_the_same_trials(tmp_path):
+    cfg = cfg_of(tune={"trials": 5})
+    spec = tune_spec(cfg)
+    run_tune(cfg, tmp_path / "whole", spec, plots=False)
+
+    # the same study, interrupted while its 3rd trial was running (as a kill -9 leaves it)
+    part = tmp_path / "part"
+    spec3 = tune_spec(cfg, trials=2)
+    run_tune(cfg, part, spec3, plots=False)
+    study, sampler = open_study(part, spec)
+    sampler.reseed(2)
+    trial = study.ask()
+    for d in spec.space.values():
+        d.suggest(trial)
+    trial.set_user_attr("run_dir", "trials/002")
+    trial.set_user_attr("index", 2)
+    with pytest.raises(FedriskError, match="already holds a tune"):
+        run_tune(cfg, part, spec, plots=False)
+    run_tune(cfg, part, spec, resume=True, plots=False)
+    assert outcome(part) == outcome(tmp_path / "whole")
+    assert len(outcome(part)) == 5
+
+
+def test_resume_refuses_other_settings(tmp_path):
+    cfg = cfg_of(tune={"trials": 1})
+    run_tune(cfg, tmp_path, tune_spec(cfg), plots=False)
+    other = tune_spec(cfg, space=["algorithm.lr=log:1e-3:1"])
+    with pytest.raises(FedriskError, match=r"other settings \(space differ"):
+        run_tune(cfg, tmp_path, other, resume=True)
+
+
+@pytest.mark.slow
+def test_kill_9_tune_resumes_with_every_finished_trial(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(tomli_w.dumps({**RAW, "tune": {**RAW["tune"], "trials": 6}}))
+    env = {**os.environ, "PYTHONPATH": SRC}
+    cmd = [sys.executable, "-m", "fedrisk", "tune", str(path), "--quiet"]
+    subprocess.run([*cmd, "--out", str(tmp_path / "whole")], env=env, check=True, capture_output=True)
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([*cmd, "--out", str(out)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    import optuna
+
+    while time.time() < deadline:
+        time.sleep(0.2)
+        try:
+            study = optuna.load_study(study_name="fedrisk", storage=f"sqlite:///{out / 'study.db'}")
+            states = [t.state.name for t in study.get_trials()]
+        except Exception:
+            continue
+        if states.count("COMPLETE") + states.count("PRUNED") >= 3 and states[-1] == "RUNNING":
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    finished_before = [t for t in outcome(out) if t[1] != "RUNNING"]
+    assert len(finished_before) >= 3
+    subprocess.run([*cmd, "--out", str(out), "--resume"], env=env, check=True, capture_output=True)
+    after = outcome(out)
+    assert after[: len(finished_before)] == finished_before  # no finished trial lost or redone
+    assert after == outcome(tmp_path / "whole")
+
+
+# ----------------------------------------------------------------------------- sweep --tune
+
+
+def test_sweep_tune_tunes_each_variant_then_runs_the_seeds(tmp_path):
+    from fedrisk.experiment.sweep import run_tuned_sweep
+
+    cfg = cfg_of(run={"rounds": 2, "eval_every": 1})
+    variants = {
+        "avg": {"algorithm.name": "fedavg", "tune.keys": ["algorithm.lr"]},
+        "prox": {"algorithm.name": "fedprox", "tune.keys": ["algorithm.lr"]},
+    }
+    result = run_tuned_sweep(cfg, tmp_path, trials=2, variants=variants, seeds=[0, 1], progress="none")
+    assert not result.failed and len(result.points) == 4
+    for name in variants:
+        best = json.loads((tmp_path / name / "tune" / "best.json").read_text())
+        tuned = json.loads((tmp_path / name / "tuned.json").read_text())
+        assert tuned["params"] == best["params"] and best["trials"] == 2
+        for seed in (0, 1):  # the seed runs use the selected value
+            run_cfg = load_config(tmp_path / name / f"seed={seed}" / "config.toml")
+            assert run_cfg["algorithm.lr"] == best["params"]["algorithm.lr"] and run_cfg["run.seed"] == seed
+    # seed 0 (= run.seed, the study's seed) is the best trial's run, copied: the same numbers as running it afresh
+    best = json.loads((tmp_path / "avg" / "tune" / "best.json").read_text())
+    copied = read_jsonl(tmp_path / "avg" / "seed=0" / "metrics.jsonl")
+    assert copied == read_jsonl(tmp_path / "avg" / "tune" / best["run_dir"] / "metrics.jsonl")
+    fresh = run_experiment(
+        load_config(tmp_path / "avg" / "seed=0" / "config.toml"), tmp_path / "fresh", progress="none"
+    )
+    drop = ("wall_time",)
+    assert [{k: v for k, v in r.items() if k not in drop} for r in fresh.history.records] == [
+        {k: v for k, v in r.items() if k not in drop} for r in copied
+    ]
+    assert "| configuration | tuned |" in result.report.table
+    assert f"lr={tuned['params']['algorithm.lr']:.4g}" in result.report.table
+    # the trials stay out of the sweep's report; re-running continues (nothing left to do)
+    assert len(result.report.groups) == 2
+    again = run_tuned_sweep(cfg, tmp_path, trials=2, variants=variants, seeds=[0, 1], progress="none")
+    assert len(again.skipped) == 4
+
+
+def test_sweep_tune_without_tunable_key_is_an_error(tmp_path):
+    from fedrisk.experiment.sweep import run_tuned_sweep
+
+    cfg = cfg_of(tune={"space": {}})
+    with pytest.raises(FedriskError, match="sweep variant 'avg' has no tunable key"):
+        run_tuned_sweep(cfg, tmp_path, trials=2, variants={"avg": {"algorithm.name": "fedavg"}}, progress="none")
+    assert not any(tmp_path.iterdir())  # checked before anything ran
+
+
+@pytest.mark.slow
+def test_parallel_workers_share_the_study(tmp_path):
+    cfg = cfg_of(tune={"trials": 4})
+    result = run_tune(cfg, tmp_path, tune_spec(cfg, jobs=2), plots=False)
+    assert len(result.trials) == 4 and {t.state.name for t in result.trials} <= {"COMPLETE", "PRUNED"}
+    assert len({t.user_attrs["run_dir"] for t in result.trials}) == 4
+    assert len(list((tmp_path / "trials").iterdir())) == 4
+    assert all((tmp_path / f"worker{i}.log").is_file() for i in (0, 1))
+
+
+def test_cli_sweep_tune_errors_are_one_line(tmp_path, capsys):
+    from fedrisk.cli import main
+
+    raw = {**RAW, "tune": {"metric": "validation_auroc"}, "sweep": {"variants": {"avg": {"algorithm.name": "fedavg"}}}}
+    path = tmp_path / "c.toml"
+    path.write_text(tomli_w.dumps(raw))
+    assert main(["sweep", str(path), "--tune", "2", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: sweep variant 'avg' has no tunable key") and err.count("\n") == 1
+    assert main(["sweep", str(path), "--tune", "2", "--grid", "algorithm.lr=0.1,0.2"]) == 2
+    assert "--tune with a grid" in capsys.readouterr().err
+    assert main(["sweep", str(path), "--tune", "0"]) == 2
+    assert not (tmp_path / "o").exists()
