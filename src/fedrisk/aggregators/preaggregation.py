@@ -25,7 +25,7 @@ from fedrisk.errors import FedriskError
 
 __all__ = ["PRE_AGGREGATIONS", "bucketing", "nearest_neighbor_mixing"]
 
-PRE_AGGREGATIONS = ("none", "bucketing", "nnm")
+PRE_AGGREGATIONS = ("none", "bucketing", "nnm", "arc")  # "arc": fedrisk.aggregators.extended.arc
 
 
 def bucketing(x: Tensor, s: int, gen: torch.Generator) -> Tensor:

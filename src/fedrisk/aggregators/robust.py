@@ -268,7 +268,9 @@ class RobustAggregator(Aggregator):
             client) or ``"exclude"`` (such replies are dropped before the rule runs).
         pre: optional pre-aggregation, ``"none"``, ``"bucketing"`` (means of random buckets of
             ``bucket_size`` replies, Karimireddy et al. 2022) or ``"nnm"`` (nearest-neighbour
-            mixing, Allouah et al. 2023; uses the rule's ``f``).
+            mixing, Allouah et al. 2023; uses the rule's ``f``) or ``"arc"`` (adaptive robust
+            clipping, Allouah et al. 2024: the ``floor(2 f (n - f) / n)`` largest replies clipped
+            to the next one's norm; uses the rule's ``f``, 0 for rules without one).
         bucket_size: replies per bucket for ``pre = "bucketing"``.
         seed: seed of the bucketing permutation when the caller hands over no generator (the
             built-in algorithms — ``robust_sgd``, ``frpg``, ``fedavg`` — pass the round's server
@@ -325,6 +327,10 @@ class RobustAggregator(Aggregator):
             x = bucketing(x, self.bucket_size, gen if gen is not None else torch.Generator().manual_seed(self.seed))
         elif self.pre == "nnm":
             x = nearest_neighbor_mixing(x, int(self.options().get("f", 0)))
+        elif self.pre == "arc":  # adaptive robust clipping (Allouah et al. 2024) with the rule's f
+            from fedrisk.aggregators.extended import arc
+
+            x = arc(x, int(self.options().get("f", 0)))
         return type(self).rule(x, **self.options())
 
     def __call__(

@@ -349,7 +349,9 @@ def make_report(
     each; ``targets``: rounds / bytes to reach a metric value
     (:func:`~fedrisk.experiment.selection.parse_target`), one table.  Writes ``report.md`` and
     ``comparison_vs_round.png`` / ``comparison_vs_bytes.png`` into ``out`` (default: the single
-    path given, or the common parent of several).
+    path given, or the common parent of several).  Runs under two or more attacks add the worst
+    case over attacks (:mod:`fedrisk.experiment.worst_case`) to the table and
+    ``worst_case_heatmap.png``.
     """
     runs = [load_run(p) for p in find_runs(paths)]
     groups = group_runs(runs)
@@ -389,6 +391,12 @@ def make_report(
         from fedrisk.experiment.personal_outputs import plot_personal  # clients.csv / alpha.csv
 
         plot_files += plot_personal([(g.label, [r.path for r in g.runs]) for g in groups], out_dir)
+    from fedrisk.experiment.worst_case import worst_case_section  # runs under several attacks
+
+    worst = worst_case_section(groups, chosen, out_dir, plots and any(r.records for r in runs))
+    if worst is not None:
+        table += "\n\n" + worst.table
+        plot_files += [worst.plot] if worst.plot is not None else []
     lines = [
         "# fedrisk report",
         "",

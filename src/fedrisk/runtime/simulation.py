@@ -137,6 +137,8 @@ class Simulation:
         algorithm.check(self.info)
         self.data = [local_data(s) for s in self.federation.clients]
         algorithm.check_data(self.info, self.data)
+        if attack is not None:  # adaptive attacks read the defence; every attack checks the breakdown point
+            attack.prepare(algorithm, self.info, self.byzantine)
         self.executor = make_executor(executor)
         self.executor.prepare(algorithm, self.data)
         ctx = RoundContext(0, self.info, "init")
@@ -183,6 +185,13 @@ class Simulation:
         up = replies.nbytes()
         new_server = alg.aggregate(ctx, self.server_state, plan, replies, server_generator(self.seed, r, "aggregate"))
         if not tree_all_finite(new_server):
+            forged = [k for k in self.byzantine if k in replies.clients and not tree_all_finite(replies.as_dict()[k])]
+            if forged:
+                raise ClientFailure(
+                    f"the server state became NaN/inf in round {r} ({alg.name}): the Byzantine clients {forged} sent "
+                    "NaN/inf replies that the aggregation let through; use a robust aggregator with "
+                    "nonfinite = 'exclude' (or the default 'raise')"
+                )
             raise ClientFailure(
                 f"the server state became NaN/inf in round {r} ({alg.name}); the run diverged - "
                 "lower the learning rate(s) or check the data"
