@@ -54,3 +54,36 @@ def test_rsa_over_four_rounds_matches_the_hand_loop() -> None:
         w0 = w0 - eta * (delta0 * w0 + lam * sum(torch.sign(w0 - w) for w in ws))
         torch.testing.assert_close(sim.server_state["w"]["w"], w0, rtol=1e-12, atol=1e-12)
     assert float(w0.abs().min()) > 0  # every coordinate moved
+
+
+def test_rsa_under_the_gaussian_attack_redrawn_each_round_matches_the_hand_loop() -> None:
+    """Client 2 is Byzantine: the server sees ``scale · N(0, I)`` drawn afresh every round from
+    the round's attack generator, in place of its model (its own state stays honest)."""
+    from fedrisk.attacks.standard import GaussianAttack
+    from fedrisk.rng import server_generator
+
+    g = torch.Generator().manual_seed(3)
+    clients = []
+    for k, n in enumerate((8, 10, 12)):
+        a = torch.randn(n, D, generator=g, dtype=F64) + 0.3 * k
+        clients.append(Samples(a, a @ torch.randn(D, generator=g, dtype=F64)))
+    fed = Federation("least-squares", clients, num_classes=1)
+    lr, lam, scale = 0.3, 0.05, 0.2  # a small scale: the noise's signs vary against w0
+    alg = RSA(model=Linear(), loss=mean_squared_error, lam=lam, lr=lr, delta=0.0, delta_server=0.0, batch_size=4)
+    sim = Simulation(alg, fed, seed=SEED, dtype=F64, attack=GaussianAttack(scale), byzantine=[2])
+    w0 = torch.zeros(D, dtype=F64)
+    ws = [torch.zeros(D, dtype=F64) for _ in clients]
+    forged_seen = []
+    for r in range(4):
+        sim.step()
+        eta = lr / math.sqrt(r + 1)
+        for k, s in enumerate(clients):
+            ctx = RoundContext(r, fed_info(fed))
+            idx = alg.draw(ctx, k, len(s), client_generator(SEED, round=r, client=k))["batches"][0]
+            x, y = s.x[idx], s.y[idx]
+            ws[k] = ws[k] - eta * (x.T @ (x @ ws[k] - y) / len(idx) + lam * torch.sign(ws[k] - w0))
+        forged = scale * torch.randn(D, generator=server_generator(SEED, r, "attack"), dtype=F64)
+        forged_seen.append(forged)
+        w0 = w0 - eta * lam * (torch.sign(w0 - ws[0]) + torch.sign(w0 - ws[1]) + torch.sign(w0 - forged))
+        torch.testing.assert_close(sim.server_state["w"]["w"], w0, rtol=1e-12, atol=1e-12)
+    assert not torch.equal(forged_seen[0], forged_seen[1])
