@@ -27,7 +27,7 @@ objective's ~15 small operations and through three more scalar leaves (a, b, α)
 The control variates themselves cost nothing measurable (CODASCA / CODA+ ~ 1).  Now only the
 scorer goes through autograd (``torch.autograd.grad(h, w, grad_outputs=∂F/∂h)``) and
 ``∂F/∂h, ∂F/∂a, ∂F/∂b, ∂F/∂α`` come in closed form
-(:func:`fedrisk.algorithms.codasca.auc_minmax_weighted_directions`), bit-for-bit equal to
+(:func:`fedrisk.objectives.auc.auc_minmax_weighted_directions`), bit-for-bit equal to
 autograd's.  Bytes per client and round: CODASCA 2x CODA+ both ways (the ledger's numbers).
 
 Usage::
@@ -51,12 +51,14 @@ from _timing import measure  # this script's folder
 from torch import Tensor
 
 from fedrisk.algorithms.base import LocalData
-from fedrisk.algorithms.codasca import CODASCA, AUCWeights, CODAPlus, Directions, auc_label_weights, auc_minmax_weighted
+from fedrisk.algorithms.codasca import CODASCA, CODAPlus
 from fedrisk.algorithms.fedavg import FedAvg
+from fedrisk.algorithms.primal_dual import Directions
 from fedrisk.autodiff import value_and_grad
 from fedrisk.data.federation import Federation, Samples
 from fedrisk.data.synthetic import class_split_auc_federation
 from fedrisk.models import FunctionalModel, build_model
+from fedrisk.objectives.auc import AUCWeights, auc_label_weights, auc_minmax_weighted
 from fedrisk.objectives.supervised import binary_cross_entropy_probs
 from fedrisk.runtime.simulation import Simulation
 from fedrisk.tree import Tree
@@ -66,7 +68,7 @@ from fedrisk.tree import Tree
 class CODASCAAutograd(CODASCA):
     """CODASCA whose local step differentiates the whole objective with autograd: ``(w, a, b, α)``
     as leaves of :func:`fedrisk.autodiff.value_and_grad` through
-    :func:`~fedrisk.algorithms.codasca.auc_minmax_weighted` (the implementation before the
+    :func:`~fedrisk.objectives.auc.auc_minmax_weighted` (the implementation before the
     closed-form path; the same numbers, bit for bit).  Only the defaults of the benchmark
     (no clipping, the gradient dual direction) are supported."""
 

@@ -9,6 +9,7 @@ machine hit them alike; the median over rounds is reported.
 
     python benchmarks/perm_round_cost.py                 # synthetic two clusters, 50 clients, logistic regression
     python benchmarks/perm_round_cost.py --executor vectorized
+    python benchmarks/perm_round_cost.py --methods perm --epochs 1   # PERM vs FedAvg only
 """
 
 from __future__ import annotations
@@ -41,13 +42,17 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--epochs", type=int, default=2, help="PERM epochs timed (N + 1 rounds each)")
     ap.add_argument("--executor", default="sequential")
+    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset (fedavg is always timed)")
     args = ap.parse_args()
+    chosen = {"fedavg", *args.methods.split(",")}
     torch.set_num_threads(1)
     N = args.clients
     fed = perm_two_cluster_federation(N, samples_per_client=400, dim=60, test_per_client=0, seed=0)
     model = FunctionalModel(build_model("logreg", (60,), 2, bias=False))
     sims = {}
     for name, extra in METHODS.items():
+        if name not in chosen:
+            continue
         alg = ALGORITHMS.get(name)(model=model, loss=cross_entropy, lr=0.5, local_steps=20, batch_size=32, **extra)
         sims[name] = Simulation(alg, fed, seed=0, executor=args.executor)
     times: dict[str, list[tuple[str, float]]] = {n: [] for n in sims}

@@ -9,6 +9,11 @@ processes' load, the CPU time much less so.
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/robust_aggregators.py --n 100 --d 1000000 --f 20 --repeat 3
 
+Bulyan and MDA at n = 50, d = 1e5 (Bulyan needs n >= 4f + 3, so f = 10):
+
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/robust_aggregators.py --n 50 --d 100000 --f 10 \
+        --rules bulyan mda mda_exact_f3 meamed monna static_clipping arc_then_trimmed_mean krum
+
 Results: ``benchmarks/RESULTS_byzantine.md``.
 """
 
@@ -21,6 +26,7 @@ import time
 
 import torch
 
+from fedrisk.aggregators.extended import arc, bulyan, mda, meamed, monna, static_clipping
 from fedrisk.aggregators.preaggregation import nearest_neighbor_mixing
 from fedrisk.aggregators.robust import (
     centered_clipping,
@@ -56,6 +62,13 @@ def main() -> None:
         "geometric_median": lambda: geometric_median(x),
         "centered_clipping": lambda: centered_clipping(x, tau=10.0, iters=3),
         "nnm": lambda: nearest_neighbor_mixing(x, f),
+        "bulyan": lambda: bulyan(x, f),  # needs n >= 4f + 3
+        "mda": lambda: mda(x, f),  # exact while C(n, f) <= 200,000, greedy beyond
+        "mda_exact_f3": lambda: mda(x, 3, exact=True),  # C(n, 3) subsets: n = 50 -> 19,600
+        "meamed": lambda: meamed(x, f),
+        "monna": lambda: monna(x, f),
+        "static_clipping": lambda: static_clipping(x, tau=10.0),
+        "arc_then_trimmed_mean": lambda: trimmed_mean(arc(x, f), f),
     }
     chosen = args.rules or list(rules)
     load_before = os.getloadavg()

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from fedrisk.errors import FedriskError, check_range
 from fedrisk.runtime.evaluation import default_metrics, evaluate, predict
 from fedrisk.runtime.executor import Executor
 from fedrisk.runtime.simulation import RoundReport, Simulation
+from fedrisk.tree import Tree
 
 
 @dataclass
@@ -64,7 +66,11 @@ class Callback:
 
 def evaluation_record(sim: Simulation, metrics: Sequence[str], splits: Sequence[str], elapsed: float) -> dict[str, Any]:
     record: dict[str, Any] = {"round": sim.round}
-    record.update(evaluate(sim.algorithm, sim.server_state, sim.client_states, sim.federation, metrics, splits))
+    rows: list[dict[str, float]] = []
+    record.update(
+        evaluate(sim.algorithm, sim.server_state, sim.client_states, sim.federation, metrics, splits, None, rows)
+    )
+    sim.client_scores = rows  # the per-client values of this evaluation (clients.csv)
     record["bytes_down"] = sim.ledger.total_down
     record["bytes_up"] = sim.ledger.total_up
     record["wall_time"] = elapsed
@@ -123,6 +129,52 @@ def _record(sim, names, splits, start, history, callbacks) -> None:
         cb.on_evaluation(sim, record)
 
 
+class ProgressBar(Callback):
+    """A ``tqdm`` progress bar over the rounds (to standard error), with the last round's mean
+    training loss and the latest evaluation's first metrics; what :func:`run_federation` shows
+    when standard error is a terminal.
+
+    Example:
+        >>> import io
+        >>> bar = ProgressBar(total_rounds=3, file=io.StringIO())
+        >>> bar.bar.total, bar.bar.n
+        (3, 0)
+    """
+
+    def __init__(self, total_rounds: int, file: Any = None, max_metrics: int = 2, leave: bool = True) -> None:
+        from tqdm.auto import tqdm
+
+        self.max_metrics = max_metrics
+        self.bar = tqdm(total=total_rounds, file=file if file is not None else sys.stderr, unit="round", leave=leave)
+        self._postfix: dict[str, str] = {}
+
+    def on_start(self, sim: Simulation) -> None:
+        self.bar.n = sim.round  # a resumed run starts part-way
+        self.bar.refresh()
+
+    def on_round_end(self, sim: Simulation, report: RoundReport) -> None:
+        if "loss" in report.train_metrics:
+            self._postfix["loss"] = f"{report.train_metrics['loss']:.4g}"
+        self.bar.set_postfix(self._postfix, refresh=False)
+        self.bar.update(sim.round - self.bar.n)
+
+    def on_evaluation(self, sim: Simulation, record: dict[str, Any]) -> None:
+        shown = [(k, v) for k, v in record.items() if k not in ("round", "bytes_down", "bytes_up", "wall_time")]
+        for k, v in shown[: self.max_metrics]:
+            self._postfix[k] = f"{v:.4g}" if isinstance(v, float) else str(v)
+        self.bar.set_postfix(self._postfix)
+
+    def on_end(self, sim: Simulation, history: History) -> None:
+        self.bar.close()
+
+
+def _attached_to_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 def run_federation(
     federation: Federation,
     algorithm: Algorithm,
@@ -139,24 +191,71 @@ def run_federation(
     byzantine: Sequence[int] = (),
     on_client_failure: str = "raise",
     callbacks: Sequence[Callback] = (),
+    init_params: Tree | None = None,
+    threads: int | None = None,
+    progress: bool | None = None,
 ) -> History:
-    """Run ``algorithm`` on ``federation`` for ``rounds`` rounds and return the history."""
-    sim = Simulation(
-        algorithm,
-        federation,
-        seed=seed,
-        executor=executor,
-        dtype=dtype,
-        attack=attack,
-        byzantine=byzantine,
-        on_client_failure=on_client_failure,
-    )
-    return run_simulation(
-        sim,
-        rounds,
-        eval_every=eval_every,
-        eval_at_start=eval_at_start,
-        metrics=metrics,
-        splits=splits,
-        callbacks=callbacks,
-    )
+    """Run ``algorithm`` on ``federation`` for ``rounds`` rounds and return the history.
+
+    Args:
+        executor: ``"sequential"`` (default), ``"vectorized"``, ``"distributed"`` or an
+            :class:`~fedrisk.runtime.executor.Executor`.
+        init_params: the initial model parameters (default: the algorithm's seeded fresh
+            initialisation); e.g. ``FunctionalModel(module, init="module").init_params()`` for a
+            pretrained module's own weights.  A model with BatchNorm may carry its running
+            statistics beside them (as ``global_params`` returns them).
+        threads: torch's intra-op threads during the run (restored afterwards); None leaves
+            torch's setting alone.
+        progress: a ``tqdm`` bar on standard error; None (default) shows it when standard
+            error is a terminal.
+        The other arguments are those of :class:`~fedrisk.runtime.simulation.Simulation` and
+        :func:`run_simulation`.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from fedrisk.algorithms.fedavg import FedAvg
+        >>> from fedrisk.data.federation import Federation, Samples
+        >>> from fedrisk.models import FunctionalModel
+        >>> from fedrisk.objectives.supervised import cross_entropy
+        >>> g = torch.Generator().manual_seed(0)
+        >>> s = Samples(torch.randn(60, 4, generator=g), torch.randint(0, 2, (60,), generator=g))
+        >>> fed = Federation("toy", [s.subset(range(25)), s.subset(range(25, 50))], 2, test=s.subset(range(50, 60)))
+        >>> pretrained = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+        >>> model = FunctionalModel(pretrained, init="module")
+        >>> alg = FedAvg(model=model, loss=cross_entropy, lr=0.1, batch_size=8)
+        >>> history = run_federation(fed, alg, rounds=2, executor="vectorized", threads=1, progress=False,
+        ...                          init_params=model.init_params(), metrics=["accuracy"])
+        >>> [r["round"] for r in history.records], 0.0 <= history.last()["test_accuracy"] <= 1.0
+        ([1, 2], True)
+    """
+    if threads is not None:
+        check_range("threads", threads, 1)
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+    try:
+        sim = Simulation(
+            algorithm,
+            federation,
+            seed=seed,
+            executor=executor,
+            dtype=dtype,
+            attack=attack,
+            byzantine=byzantine,
+            on_client_failure=on_client_failure,
+            init_params=init_params,
+        )
+        show = _attached_to_terminal() if progress is None else bool(progress)
+        bar = [ProgressBar(rounds)] if show else []
+        return run_simulation(
+            sim,
+            rounds,
+            eval_every=eval_every,
+            eval_at_start=eval_at_start,
+            metrics=metrics,
+            splits=splits,
+            callbacks=[*callbacks, *bar],
+        )
+    finally:
+        torch.set_num_threads(before)

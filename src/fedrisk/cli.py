@@ -2,13 +2,15 @@
 
 ::
 
-    fedrisk run CONFIG [--set key=value ...] [--out DIR] [--resume | --overwrite] [--plain | --quiet]
+    fedrisk run CONFIG [--set key=value ...] [--variant NAME] [--out DIR] [--resume | --overwrite] [--plain | --quiet]
     fedrisk sweep CONFIG [--set key=value ...] [--grid key=v1,v2 ...] [--seeds N | --seeds 0,3,7]
                   [--jobs J] [--tune TRIALS] [--out DIR] [--plain | --quiet]
     fedrisk tune CONFIG [--set key=value ...] [--space KEY=SPEC ...] [--trials N] [--metric M]
                  [--pruner median|halving|none] [--sampler tpe|random] [--jobs J] [--out DIR]
                  [--resume | --overwrite] [--quiet]
-    fedrisk report RUN_DIR... [--out DIR] [--metrics m1,m2] [--no-plots]
+    fedrisk report RUN_DIR... [--out DIR] [--metrics m1,m2] [--no-plots] [--at bytes=2e6] [--target m=0.9]
+    fedrisk evaluate RUN_DIR [--split test|validation] [--config OTHER] [--model selected|final]
+                     | RUN_DIR --new-clients CONFIG [--epochs E] [--rounds R]
     fedrisk list [KIND [NAME]]
     fedrisk deploy certs | node-key | register | superlink | supernode | run ...   (fedrisk.deploy.cli)
 
@@ -64,10 +66,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedrisk.experiment.config import load_config
 
     cfg = load_config(args.config, args.set)  # config errors first: the runner imports torch
+    cfg, variant = pick_variant(cfg, args.variant)
     from fedrisk.experiment.outputs import RunDir
     from fedrisk.experiment.runner import check_out_dir, default_out_dir, run_experiment
 
     out = Path(args.out) if args.out else default_out_dir(cfg)
+    if variant and not args.out:
+        out = out / variant
     seeds = cfg["run.seeds"]
     if len(seeds) > 1:
         from fedrisk.experiment.sweep import expand_sweep
@@ -86,6 +91,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def pick_variant(cfg: Any, name: str | None) -> tuple[Any, str]:
+    """The config of sweep variant ``name`` (its overrides applied; the base without a name).
+    A config with variants run without ``--variant`` says which exist and that the base runs."""
+    variants = cfg["sweep.variants"]
+    if name is None:
+        if variants:
+            print(
+                f"note: the config defines sweep variants {', '.join(variants)}; running the base config "
+                "(choose one with --variant NAME, or run them all with `fedrisk sweep`)",
+                file=sys.stderr,
+            )
+        return cfg, ""
+    if name not in variants:
+        allowed = ", ".join(variants) if variants else "(none: the config has no [sweep.variants])"
+        raise FedriskError(f"--variant {name!r} is not a variant of the config; allowed: {allowed}")
+    return cfg.with_overrides(dict(variants[name])), name
+
+
 def run_table(summary: dict[str, Any], path: Path) -> str:
     """The end-of-run summary printed by ``fedrisk run``."""
     from fedrisk.experiment.progress import format_duration, format_number
@@ -94,13 +117,25 @@ def run_table(summary: dict[str, Any], path: Path) -> str:
         f"finished {summary['algorithm']} on {summary['resolved']['federation']}: {summary['rounds']} rounds in "
         f"{format_duration(summary.get('wall_time'))} (seed {summary['seed']})",
         "",
-        "| metric | final | best (round) |",
-        "|---|---:|---:|",
     ]
+    selected = summary.get("selected")
+    if selected:
+        lines += [f"| metric | final | selected (round {selected['round']}) |", "|---|---:|---:|"]
+    else:
+        lines += ["| metric | final |", "|---|---:|"]
     for k, v in summary["final"].items():
-        best = summary["best"].get(k)
-        shown = f"{format_number(best['value'])} ({best['round']})" if best else "–"
-        lines.append(f"| {k} | {format_number(v)} | {shown} |")
+        row = f"| {k} | {format_number(v)} |"
+        if selected:
+            row += f" {format_number(selected['metrics'].get(k)) if k in selected['metrics'] else '–'} |"
+        lines.append(row)
+    if selected:
+        lines += [
+            "",
+            f"selected: round {selected['round']} by {selected['selected_by']} = {format_number(selected['value'])} "
+            "(run.select_by); its model is in selected.pt (fedrisk evaluate)",
+        ]
+    else:
+        lines += ["", "no model selection (run.select_by: no validation split); the final round is reported"]
     lines += [
         "",
         f"communicated: {summary['bytes_down'] / 1e6:.2f} MB down, {summary['bytes_up'] / 1e6:.2f} MB up",
@@ -133,6 +168,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         )
         return _show_sweep(result)
     return _sweep(cfg, out, args, grid=grid, variants=cfg["sweep.variants"], seeds=seeds, jobs=jobs)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    if args.new_clients:
+        return _evaluate_new_clients(args)
+    from fedrisk.experiment.scoring import evaluate_run
+
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
+    scored = evaluate_run(args.run, split=args.split, config=args.config, model=args.model, metrics=metrics)
+    print(scored.table())
+    return 0
 
 
 def _parse_seeds(text: str) -> int | list[int]:
@@ -207,12 +253,18 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from fedrisk.experiment.report import make_report
+    from fedrisk.experiment.selection import parse_budget, parse_target
 
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
-    report = make_report(args.runs, out=args.out, metrics=metrics, plots=not args.no_plots)
+    at = [parse_budget(a) for a in args.at]
+    targets = [parse_target(t) for t in args.target]
+    report = make_report(args.runs, out=args.out, metrics=metrics, plots=not args.no_plots, at=at, targets=targets)
     print(f"results ({_over_seeds(report)}):")
     print(report.table)
     print()
+    for table in report.extra_tables:
+        print(table)
+        print()
     for p in report.plots:
         print(f"plot: {p}")
     print(f"report: {report.path}")
@@ -220,6 +272,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- list
+
+
+def _evaluate_new_clients(args: argparse.Namespace) -> int:
+    from fedrisk.experiment.new_clients import evaluate_new_clients, format_new_clients
+
+    out = evaluate_new_clients(args.run, args.new_clients, epochs=args.epochs, rounds=args.rounds)
+    print(format_new_clients(out, args.run))
+    return 0
 
 
 def _entries(kind: str, catalog: dict[str, list[tuple[str, str]]] | None = None) -> list[tuple[str, str]]:
@@ -375,6 +435,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run one experiment from a config", description="Run one experiment from a config.")
     p.add_argument("config", metavar="CONFIG", help="a TOML config file")
     set_flag(p)
+    p.add_argument(
+        "--variant",
+        metavar="NAME",
+        help="run one of the config's [sweep.variants] (into runs/<config name>/NAME by default)",
+    )
     p.add_argument("--out", metavar="DIR", help="the run directory (default: output.dir or runs/<config name>)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="continue the interrupted run in --out from its checkpoint")
@@ -448,7 +513,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="where report.md and the plots go (default: the directory given)")
     p.add_argument("--metrics", metavar="M1,M2", help="metrics to tabulate and plot (default: all)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument(
+        "--at",
+        action="append",
+        default=[],
+        metavar="BUDGET=LIMIT",
+        help="also compare at an equal budget: each metric at the last evaluation within it; BUDGET is bytes, "
+        "steps (per client), samples, rounds or seconds, e.g. --at bytes=2e6; repeatable",
+    )
+    p.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="METRIC=VALUE",
+        help="rounds and MB each run needed to reach a value, e.g. --target validation_auroc=0.9; repeatable",
+    )
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser(
+        "evaluate",
+        help="score a finished run's saved model on a split or other data, or personalise new clients",
+        description="Score the model of a finished run's validation-selected round (selected.pt), or its final "
+        "model, on the test or validation split of its own data or of another config's [data]; with "
+        "--new-clients, personal models and metrics of clients that did not train, from the run's checkpoint.",
+    )
+    p.add_argument("run", metavar="RUN_DIR", help="a finished run directory")
+    p.add_argument("--split", default="test", choices=("test", "validation"), help="which split (default: test)")
+    p.add_argument("--config", metavar="OTHER", help="evaluate on the [data] of this config instead of the run's")
+    p.add_argument(
+        "--model", default="selected", choices=("selected", "final"), help="the selected model (default) or the last"
+    )
+    p.add_argument("--metrics", metavar="M1,M2", help="metrics (default: the run's)")
+    p.add_argument("--new-clients", metavar="CONFIG", help="a config whose [data] gives the new clients")
+    p.add_argument("--epochs", type=int, metavar="E", help="PERM: epochs of a new model's visits (default: the run's)")
+    p.add_argument("--rounds", type=int, default=1, metavar="R", help="other methods: rounds of their client update")
+    p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser(
         "list",

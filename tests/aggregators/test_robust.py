@@ -433,7 +433,7 @@ def test_aggregator_defaults_and_row_handling() -> None:
     assert (agg.f, agg.nonfinite, agg.pre, agg.bucket_size, agg.seed) == (1, "raise", "none", 2, 0)
     with pytest.raises(FedriskError, match=r"^nonfinite = 'ignore' is not allowed; valid choices: raise, exclude$"):
         Krum(nonfinite="ignore")
-    with pytest.raises(FedriskError, match=r"^pre = 'x' is not allowed; valid choices: none, bucketing, nnm$"):
+    with pytest.raises(FedriskError, match=r"^pre = 'x' is not allowed; valid choices: none, bucketing, nnm, arc$"):
         Krum(pre="x")
     for bad in (0, 1.5):
         with pytest.raises(FedriskError, match=rf"^bucket_size = {bad!r} is not allowed; it must be an integer >= 1$"):

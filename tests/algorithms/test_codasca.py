@@ -20,25 +20,17 @@ from torch.utils import _pytree as pytree
 from fedrisk.aggregators.base import InMemoryReplies, Replies
 from fedrisk.algorithms import ALGORITHMS
 from fedrisk.algorithms.base import FedInfo, LocalData, RoundContext
-from fedrisk.algorithms.codasca import (
-    CODA,
-    CODASCA,
-    NPA,
-    CODAPlus,
-    SingleClassClientWarning,
-    auc_label_weights,
-    auc_minmax_weighted,
-    control_variate_difference,
-    control_variate_mean,
-    local_sgda,
-)
+from fedrisk.algorithms.codasca import CODA, CODASCA, NPA, CODAPlus, SingleClassClientWarning
+from fedrisk.algorithms.primal_dual import control_variate_difference, control_variate_mean, local_sgda
 from fedrisk.data.federation import Federation, Samples
 from fedrisk.data.synthetic import class_split_auc_federation
 from fedrisk.errors import FedriskError
 from fedrisk.models import FunctionalModel, build_model
 from fedrisk.objectives.auc import (
     auc_dual_closed_form_direction,
+    auc_label_weights,
     auc_margin_minmax,
+    auc_minmax_weighted,
     auc_square_minmax,
     optimal_dual,
 )

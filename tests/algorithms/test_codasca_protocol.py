@@ -28,13 +28,8 @@ from torch import Tensor
 
 from fedrisk.aggregators.base import InMemoryReplies
 from fedrisk.algorithms.base import RoundContext
-from fedrisk.algorithms.codasca import (
-    CODA,
-    CODASCA,
-    CODAPlus,
-    LargeEffectiveStepWarning,
-    local_sgda,
-)
+from fedrisk.algorithms.codasca import CODA, CODASCA, CODAPlus, LargeEffectiveStepWarning
+from fedrisk.algorithms.primal_dual import local_sgda
 from fedrisk.data.federation import Federation
 from fedrisk.errors import FedriskError
 from fedrisk.runtime.simulation import fed_info

@@ -17,7 +17,6 @@ from fedrisk.algorithms.perm import (
     hosted_owners,
     mixing_weights,
     mixing_weights_pgd,
-    project_simplex,
     shuffle_hosts,
     squared_distances,
 )
@@ -25,6 +24,7 @@ from fedrisk.data.federation import Federation, Samples
 from fedrisk.data.synthetic import perm_two_cluster_federation
 from fedrisk.errors import FedriskError
 from fedrisk.models import FunctionalModel, build_model
+from fedrisk.objectives.minimax import project_simplex
 from fedrisk.objectives.supervised import cross_entropy, mean_squared_error
 from fedrisk.runtime.evaluation import evaluate
 from fedrisk.runtime.simulation import Simulation

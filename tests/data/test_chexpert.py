@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from fedrisk.data import build_federation
-from fedrisk.data.chexpert import FINDINGS, HEADER, load_chexpert
+from fedrisk.data.sources.chexpert import FINDINGS, HEADER, load_chexpert
 from fedrisk.errors import DatasetMissingError, FedriskError
 from fedrisk.experiment.config import resolve_config
 

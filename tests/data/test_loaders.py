@@ -180,6 +180,16 @@ def test_mnist_missing_messages(tmp_path: Path) -> None:
         load_dataset("fashion_mnist", data_root=tmp_path, search_system=False)
 
 
+def test_fashion_mnist_explicit_data_root_never_falls_back_to_the_system_copy(tmp_path: Path) -> None:
+    """Issue 30: a mistyped data_root used to train silently on the system copy."""
+    missing = tmp_path / "no" / "such" / "dir"
+    with pytest.raises(DatasetMissingError, match=rf"data_root {str(missing)!r} is not a directory; .*t10k-images"):
+        load_dataset("fashion_mnist", data_root=missing)  # search_system left at its default (True)
+    expected = rf"not found under data_root {str(tmp_path)!r}: expected train-images"
+    with pytest.raises(DatasetMissingError, match=expected):
+        load_dataset("fashion_mnist", data_root=tmp_path)
+
+
 @pytest.mark.skipif(not HAS_FASHION, reason=f"Debian dataset-fashion-mnist not installed ({FASHION_MNIST_SYSTEM_DIR})")
 def test_fashion_mnist_system_package() -> None:
     tr, te, meta = load_dataset("fashion_mnist")

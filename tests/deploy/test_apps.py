@@ -21,6 +21,7 @@ from flwr.app import Context, Error, Message, RecordDict
 from fedrisk.deploy.apps import FedriskClientApp, FlowerExecutor
 from fedrisk.deploy.handshake import fingerprint
 from fedrisk.deploy.server import wire
+from fedrisk.deploy.state import ClientStateStore
 from fedrisk.errors import FedriskError
 from fedrisk.experiment import resolve_config
 from fedrisk.experiment.runner import build_simulation
@@ -133,6 +134,31 @@ def test_the_serverapp_executor_equals_the_sequential_executor_bit_for_bit(app, 
     assert kinds == {"query.fedrisk_handshake", "train"}
     assert {m.metadata.group_id for m in grid.sent if m.metadata.message_type == "train"} == {"0", "1", "2"}
     assert len(list((tmp_path / "n1").rglob("client-1.pt"))) == 1  # the node's SCAFFOLD state, on its disk
+
+
+@pytest.mark.parametrize("policy", ["averaged", "local"])
+def test_batchnorm_statistics_travel_through_the_deployment_bit_for_bit(policy, app, tmp_path, request):
+    raw = {"data": {"dataset": "digits", "num_clients": 2, "dataset_options": {"flatten": False}},
+           "model": {"name": "resnet18", "widths": [2, 2, 2, 2], "norm_stats": policy},
+           "algorithm": {"name": "fedavg", "local_steps": 2, "batch_size": 8},
+           "run": {"rounds": 2, "seed": 1, "threads": 1}}  # fmt: skip
+    cfg = resolve_config(raw)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # what the nodes set (run.threads): convolutions' sums depend on it
+    request.addfinalizer(lambda: torch.set_num_threads(before))
+    grid = FakeGrid(app(cfg), nodes(tmp_path, 2))
+    seq = build_simulation(cfg).simulation
+    dep = build_simulation(cfg, executor=executor(grid, cfg)).simulation
+    for _ in range(2):
+        a, b = seq.step(), dep.step()
+        assert a.train_metrics == b.train_metrics
+    assert same(seq.server_state, dep.server_state)
+    for k in range(2):  # the clients' states (FedBN: their own statistics) live on their nodes
+        [kept] = list((tmp_path / f"n{k}").rglob(f"client-{k}.pt"))
+        state = ClientStateStore(kept.parent.parent).load(kept.parent.name, k)[1]
+        assert same(state, seq.client_states[k])
+    moved = seq.server_state["norm_stats"]["bn1.running_mean"].abs().sum() > 0
+    assert bool(moved) == (policy == "averaged")
 
 
 def test_a_restarted_supernode_is_found_again_with_its_state(app, tmp_path):

@@ -37,7 +37,8 @@ def test_run_prints_the_results_table(capsys, config, tmp_path):
     code, out, err = run_cli(capsys, "run", config, "--out", tmp_path / "r", "--plain", "--set", "run.rounds=2")
     assert code == 0
     assert out.startswith("finished fedavg on digits-dirichlet-K3: 2 rounds in ")
-    assert "| metric | final | best (round) |" in out and "| test_accuracy | " in out
+    assert "| metric | final |" in out and "| test_accuracy | " in out and "best" not in out
+    assert "no model selection (run.select_by: no validation split)" in out
     assert f"outputs in {tmp_path / 'r'}" in out
     assert [line.split(" | ")[0] for line in err.splitlines()] == ["round 1/2", "round 2/2"]  # plain progress
 
@@ -58,6 +59,17 @@ def test_bad_config_input_is_one_error_line(capsys, config, tmp_path, argv, mess
     assert code == 2
     assert err.startswith(message)
     assert not (tmp_path / "r").exists()  # validated before anything was written
+
+
+def test_missing_data_root_is_one_error_line_and_writes_nothing(capsys, config, tmp_path):
+    """Issue 30: `--set data.data_root=/no/such/dir` with fashion_mnist named the folder only
+    after training on the system copy; now it is refused before anything is written."""
+    missing = tmp_path / "no" / "such" / "dir"
+    argv = ["--set", "data.dataset=fashion_mnist", "--set", f"data.data_root={missing}"]
+    code, _, err = run_cli(capsys, "run", config, "--out", tmp_path / "r", "--quiet", *argv)
+    assert code == 2 and err.startswith(f"error: data_root {str(missing)!r} is not a directory")
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
 
 
 def test_run_directory_errors(capsys, config, tmp_path):

@@ -120,7 +120,14 @@ def test_config_reference_examples_are_valid():
 
 
 @pytest.mark.parametrize(
-    "page", ["getting-started.md", "tutorial-custom-algorithm.md", "config-reference.md", "comparing-methods.md"]
+    "page",
+    [
+        "getting-started.md",
+        "tutorial-custom-algorithm.md",
+        "config-reference.md",
+        "comparing-methods.md",
+        "auc-family.md",
+    ],
 )
 def test_documented_commands_parse(page):
     text = (DOCS / page).read_text()
@@ -152,6 +159,8 @@ def test_shipped_configs_are_valid(path):
         "plots",
         "report",
         "sweep",
+        "selection",
+        "scoring",
         "tune",
         "tune_space",
         "__init__",

@@ -25,15 +25,25 @@ def test_run_writes_every_output(tiny, tmp_path):
     recs = records(rd.path)
     assert [r["round"] for r in recs] == [1, 2, 3, 4]
     expected_keys = ["round", "test_accuracy", "test_log_loss", "bytes_down", "bytes_up", "wall_time", "train_loss"]
-    assert list(recs[0]) == expected_keys
+    assert list(recs[0]) == [*expected_keys, "steps_per_client", "samples_seen"]
+    # every client takes 3 local steps of 16 rows per round
+    assert [(r["steps_per_client"], r["samples_seen"]) for r in recs] == [(3 * t, 3 * 3 * 16 * t) for t in (1, 2, 3, 4)]
     # 3 clients x 650 float32 parameters of logreg(64 -> 10) down and up every round
     assert [r["bytes_down"] for r in recs] == [3 * 650 * 4 * k for k in (1, 2, 3, 4)]
     assert recs[-1]["bytes_up"] == recs[-1]["bytes_down"]
     summary = json.loads(rd.summary.read_text())
     assert summary["status"] == "finished" and summary["rounds"] == 4
     assert summary["final"] == {k: recs[-1][k] for k in ("test_accuracy", "test_log_loss", "train_loss")}
+    assert summary["budget"] == {
+        "rounds": 4,
+        "steps_per_client": 12.0,
+        "samples_seen": 576,
+        "bytes": 2 * recs[-1]["bytes_down"],
+        "wall_time": recs[-1]["wall_time"],
+    }
     best = max(recs, key=lambda r: r["test_accuracy"])
-    assert summary["best"]["test_accuracy"]["value"] == best["test_accuracy"]
+    assert summary["oracle"]["test_accuracy"]["value"] == best["test_accuracy"]
+    assert summary["selected"] is None  # no validation split: nothing to select on
     assert summary["resolved"]["num_outputs"] == 10 and summary["resolved"]["objective"] == "cross_entropy"
     assert load_config(rd.config).semantic() == cfg.semantic()
     part = json.loads(rd.partition_json.read_text())

@@ -60,6 +60,7 @@ def test_parse_grid_and_literals():
 
 def test_sequential_sweep_report_skip_and_resume(tiny, tmp_path, monkeypatch, capsys):
     tiny["run"]["rounds"] = 2
+    tiny["data"]["validation_fraction"] = 0.2  # each run selects a round on validation_accuracy
     cfg = resolve_config(tiny)
     variants = {"fedavg": {"algorithm.name": "fedavg"}, "fedprox": {"algorithm.name": "fedprox"}}
     out = tmp_path / "sweep"
@@ -75,20 +76,20 @@ def test_sequential_sweep_report_skip_and_resume(tiny, tmp_path, monkeypatch, ca
     err = capsys.readouterr().err
     assert "[2/4] resuming fedavg seed=1" in err
     assert "[fedavg seed=1] round 2/2 | " in err  # the resumed run's plain progress, labelled
-    finals = {
-        name: [
-            json.loads((out / name / f"seed={s}" / "summary.json").read_text())["final"]["test_accuracy"]
-            for s in (0, 1)
-        ]
-        for name in variants
+    summaries = {
+        name: [json.loads((out / name / f"seed={s}" / "summary.json").read_text()) for s in (0, 1)] for name in variants
     }
     table = result.report.table
     assert table.splitlines()[0] == (
-        "| configuration | seeds | rounds | final test_accuracy | best test_accuracy"
-        " | final test_log_loss | best test_log_loss | MB communicated |"
+        "| configuration | seeds | rounds | selected test_accuracy | final test_accuracy | selected test_log_loss"
+        " | final test_log_loss | selected validation_accuracy | final validation_accuracy"
+        " | selected validation_log_loss | final validation_log_loss | selected round | steps/client | samples seen"
+        " | MB communicated | wall time (s) |"
     )
     for name in variants:
-        assert f"| {name} | 2 | 2 | {format_mean_std(finals[name])} |" in table
+        selected = [s["selected"]["metrics"]["test_accuracy"] for s in summaries[name]]
+        finals = [s["final"]["test_accuracy"] for s in summaries[name]]
+        assert f"| {name} | 2 | 2 | {format_mean_std(selected)} | {format_mean_std(finals)} |" in table
     assert (out / "report.md").read_text().count(table) == 1
     assert sorted(p.name for p in result.report.plots) == ["comparison_vs_bytes.png", "comparison_vs_round.png"]
     assert (out / "sweep.toml").is_file()

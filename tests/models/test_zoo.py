@@ -24,6 +24,7 @@ CIFAR = (3, 32, 32)
 FLAT = (20,)
 ALL_MODELS = ["cnn", "logreg", "mlp", "resnet20"]
 IMAGE_MODELS = ["cnn", "resnet20"]
+BATCHNORM_MODELS = ["densenet121", "resnet18"]  # tests/models/test_papers_nets.py, test_norm_stats.py
 GAME_MODELS = ["affine_generator", "vector"]  # fedrisk.models.games: parameter containers of synthetic games
 
 
@@ -36,7 +37,7 @@ def fc_params(n_in: int, n_out: int) -> int:
 
 
 def test_registry_names_and_descriptions() -> None:
-    assert MODELS.names() == sorted(ALL_MODELS + GAME_MODELS)
+    assert MODELS.names() == sorted(ALL_MODELS + BATCHNORM_MODELS + GAME_MODELS)
     assert all(entry.description for entry in MODELS.entries())
 
 
@@ -129,9 +130,11 @@ def test_no_batchnorm_anywhere(name: str) -> None:
         assert list(model.buffers()) == []
 
 
-def test_functional_model_rejects_batchnorm() -> None:
-    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4))
-    with pytest.raises(FedriskError, match=r"layer '1' \(BatchNorm2d\).*use GroupNorm"):
+def test_functional_model_carries_batchnorm_statistics_and_rejects_tracked_instancenorm() -> None:
+    fm = FunctionalModel(nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4)))
+    assert fm.stat_names == ["1.running_mean", "1.running_var"] and fm.norm_stats == "averaged"
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.InstanceNorm2d(4, track_running_stats=True))
+    with pytest.raises(FedriskError, match=r"layer '1' \(InstanceNorm2d\) keeps running statistics.*GroupNorm"):
         FunctionalModel(net)
 
 

@@ -38,6 +38,8 @@ Cases:
 * ``fedavg/float32`` — FedAvg in float32 (compared to 1e-5 relative).
 * ``fedavg/resume`` — FedAvg, 2 rounds, checkpoint, a fresh Simulation loads it, 2 more rounds
   (compared with an uninterrupted 4-round run).
+* ``batchnorm/<policy>`` — FedAvg of an MLP with BatchNorm, its running statistics averaged,
+  local (FedBN) or frozen (``fedrisk.runtime.norm_stats``); ``batchnorm/resume`` checkpointed.
 """
 
 from __future__ import annotations
@@ -355,7 +357,20 @@ def cases() -> list[Case]:
     out.append(Case("fedavg/attack", lambda: (fedavg(), federation(), {"attack": NegatedMean(), "byzantine": [0, 4]})))
     out.append(Case("fedavg/float32", lambda: (fedavg(), federation(), {}), dtype=torch.float32))
     out.append(Case("fedavg/resume", lambda: (fedavg(), federation(), {}), rounds=4, resume_at=2))
+    for policy in ("averaged", "local", "frozen"):  # BatchNorm running statistics (fedrisk.runtime.norm_stats)
+        out.append(Case(f"batchnorm/{policy}", lambda policy=policy: (batchnorm_fedavg(policy), federation(), {})))
+    out.append(
+        Case("batchnorm/resume", lambda: (batchnorm_fedavg("averaged"), federation(), {}), rounds=4, resume_at=2)
+    )
     return out
+
+
+def batchnorm_fedavg(policy: str) -> FedAvg:
+    """FedAvg of an MLP with a BatchNorm layer, its running statistics under ``policy``."""
+    module = torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, 5), torch.nn.BatchNorm1d(5), torch.nn.ReLU(), torch.nn.Linear(5, CLASSES)
+    )
+    return FedAvg(model=FunctionalModel(module, norm_stats=policy), loss=cross_entropy, **SMALL)
 
 
 # -- running and comparing -----------------------------------------------------------------

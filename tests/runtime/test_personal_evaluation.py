@@ -67,7 +67,13 @@ def test_summary_names_the_best_round_apart_and_report_shows_the_personal_table(
 
     cfg = resolve_config(
         {
-            "data": {"dataset": "digits", "num_clients": 4, "partition": "k_classes", "client_test_fraction": 0.3},
+            "data": {
+                "dataset": "digits",
+                "num_clients": 4,
+                "partition": "k_classes",
+                "client_test_fraction": 0.3,
+                "client_validation_fraction": 0.3,
+            },
             "model": {"name": "logreg"},
             "algorithm": {"name": "ditto", "lr": 0.1, "local_steps": 2, "personal_lr": 0.1},
             "run": {"rounds": 4, "metrics": ["accuracy"]},
@@ -77,12 +83,16 @@ def test_summary_names_the_best_round_apart_and_report_shows_the_personal_table(
     result = run_experiment(cfg, tmp_path / "run", progress="none")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary == json.loads(json.dumps(result.summary))
-    best = summary["best_round"]
+    best = summary["oracle_round"]
     assert best["selected_by"] == "personal_accuracy_mean"
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     top = max(r["personal_accuracy_mean"] for r in records)
     assert best["metrics"]["personal_accuracy_mean"] == top
     assert {f"personal_accuracy_{s}" for s in ("mean", "wmean", "std", "bottom10", "worst")} <= set(summary["final"])
     report = make_report([tmp_path / "run"], plots=False)
-    assert "best-round bottom10" in report.markdown and "last wmean" in report.markdown
+    assert "selected bottom10" in report.markdown and "last wmean" in report.markdown
+    # selection reads each client's own validation split ("auto": personal_accuracy_mean on validation)
+    top = max(records, key=lambda r: r["validation_personal_accuracy_mean"])
+    assert summary["selected"]["selected_by"] == "validation_personal_accuracy_mean"
+    assert summary["selected"]["round"] == top["round"]
     assert "personal_accuracy_std" not in report.table  # details live in the personalised table

@@ -20,12 +20,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedrisk.aggregators.robust import check_rows, pairwise_sq_distances
+from fedrisk.aggregators.rows import check_rows, pairwise_sq_distances
 from fedrisk.errors import FedriskError
 
 __all__ = ["PRE_AGGREGATIONS", "bucketing", "nearest_neighbor_mixing"]
 
-PRE_AGGREGATIONS = ("none", "bucketing", "nnm")
+PRE_AGGREGATIONS = ("none", "bucketing", "nnm", "arc")  # "arc": fedrisk.aggregators.extended.arc
 
 
 def bucketing(x: Tensor, s: int, gen: torch.Generator) -> Tensor:

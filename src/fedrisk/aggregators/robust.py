@@ -48,6 +48,8 @@ import torch
 from torch import Tensor
 
 from fedrisk.aggregators.base import Aggregator, Replies
+from fedrisk.aggregators.preaggregation import PRE_AGGREGATIONS, bucketing, nearest_neighbor_mixing
+from fedrisk.aggregators.rows import centred_gram, check_rows, medoid_gram, pairwise_sq_distances
 from fedrisk.errors import FedriskError, check_int
 from fedrisk.objectives.minimax import project_ball
 from fedrisk.tree import Tree, tree_flatten_vector, tree_unflatten_vector
@@ -78,27 +80,6 @@ NONFINITE_POLICIES = ("raise", "exclude")
 
 
 # ----------------------------------------------------------------------------- input checks
-def check_rows(x: Tensor, rule: str) -> None:
-    """``x`` must be a 2-D floating tensor with at least one row and only finite entries."""
-    if not isinstance(x, Tensor) or x.dim() != 2 or not x.is_floating_point():
-        raise FedriskError(f"{rule}: replies must be a floating tensor of shape (n, d); got {_describe(x)}")
-    if x.shape[0] == 0:
-        raise FedriskError(f"{rule}: no replies to aggregate (n = 0)")
-    finite = torch.isfinite(x).all(dim=1)
-    if not bool(finite.all()):
-        bad = (~finite).nonzero().flatten().tolist()
-        raise FedriskError(
-            f"{rule}: replies {bad} (row numbers) contain NaN/inf; robust rules need finite replies "
-            "(the aggregator classes can drop them with nonfinite='exclude')"
-        )
-
-
-def _describe(x: Any) -> str:
-    if isinstance(x, Tensor):
-        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
-    return type(x).__name__
-
-
 def _check_f(rule: str, f: int, n: int, need: str) -> None:
     if not isinstance(f, int) or isinstance(f, bool) or f < 0:
         raise FedriskError(
@@ -151,62 +132,6 @@ def trimmed_mean(x: Tensor, f: int) -> Tensor:
     if f == 0:
         return x.mean(dim=0)
     return x.sort(dim=0).values[f : n - f].mean(dim=0)
-
-
-_BLOCK = 1 << 16  # columns per block of the centred Gram matrix
-
-
-def centred_gram(x: Tensor, center: Tensor, dtype: torch.dtype | None = None) -> Tensor:
-    """``G = (x - center)(x - center)^T`` as an ``(n, n)`` tensor, one matmul per block of
-    ``2^16`` columns (the centred ``(n, d)`` copy of ``x`` never exists as a whole), in
-    ``dtype`` (default: ``x``'s).
-
-    Example:
-        >>> centred_gram(torch.tensor([[1.0, 2.0], [3.0, 2.0]]), torch.tensor([1.0, 2.0])).tolist()
-        [[0.0, 0.0], [0.0, 4.0]]
-    """
-    n, d = x.shape
-    dtype = x.dtype if dtype is None else dtype
-    g = torch.zeros(n, n, dtype=dtype)
-    for j in range(0, d, _BLOCK):
-        b = (x[:, j : j + _BLOCK] - center[j : j + _BLOCK]).to(dtype)
-        g.addmm_(b, b.T)
-    return g
-
-
-def _gram_sq_distances(g: Tensor) -> Tensor:
-    sq = g.diagonal()
-    d = (sq[:, None] + sq[None, :] - 2 * g).clamp_min(0)
-    d.fill_diagonal_(0)
-    return d
-
-
-def _medoid_gram(x: Tensor, dtype: torch.dtype | None = None) -> tuple[int, Tensor]:
-    """``(m, G)``: a central row ``m`` and the Gram matrix of the rows centred at ``x_m``.
-
-    The Gram identity ``|a|^2 + |b|^2 - 2 a.b`` cancels badly when ``|a|`` is large compared with
-    ``|a - b|`` (a common offset, or rows far from the origin), so the rows are centred first.
-    A first, uncentred Gram matrix (one matmul, no copy) gives rough distances; the row with the
-    smallest median distance to the others is a member of the majority cluster however far the
-    outliers are, and centring at it keeps the majority's distances precise.
-    """
-    m = int(_gram_sq_distances(x @ x.T).median(dim=1).values.argmin())
-    return m, centred_gram(x, x[m], dtype)
-
-
-def pairwise_sq_distances(x: Tensor) -> Tensor:
-    """``D[i, j] = ||x_i - x_j||^2`` as an ``(n, n)`` tensor, from one centred Gram matrix.
-
-    The rows are centred at a central row first (see :func:`centred_gram`): the distances do
-    not change, but neither a common offset nor a far outlier then costs the inliers' distances
-    their precision.  Cost: two ``(n, n, d)`` matmuls, no loop over rows or coordinates.  The
-    diagonal is exactly 0 and negatives from rounding are clamped to 0.
-
-    Example:
-        >>> pairwise_sq_distances(torch.tensor([[0.0, 0.0], [3.0, 4.0]])).tolist()
-        [[0.0, 25.0], [25.0, 0.0]]
-    """
-    return _gram_sq_distances(_medoid_gram(x)[1])
 
 
 def krum_scores(x: Tensor, f: int) -> Tensor:
@@ -280,7 +205,7 @@ def geometric_median(x: Tensor, tol: float = 1e-7, max_iter: int = 1000, eps: fl
     check_rows(x, "geometric_median")
     _check_weiszfeld(tol, max_iter, eps)
     n = x.shape[0]
-    m, g = _medoid_gram(x, torch.float64)
+    m, g = medoid_gram(x, torch.float64)
     diag = g.diagonal()
     xm = x[m].double()
     xm_sq = float(xm @ xm)
@@ -343,7 +268,9 @@ class RobustAggregator(Aggregator):
             client) or ``"exclude"`` (such replies are dropped before the rule runs).
         pre: optional pre-aggregation, ``"none"``, ``"bucketing"`` (means of random buckets of
             ``bucket_size`` replies, Karimireddy et al. 2022) or ``"nnm"`` (nearest-neighbour
-            mixing, Allouah et al. 2023; uses the rule's ``f``).
+            mixing, Allouah et al. 2023; uses the rule's ``f``) or ``"arc"`` (adaptive robust
+            clipping, Allouah et al. 2024: the ``floor(2 f (n - f) / n)`` largest replies clipped
+            to the next one's norm; uses the rule's ``f``, 0 for rules without one).
         bucket_size: replies per bucket for ``pre = "bucketing"``.
         seed: seed of the bucketing permutation when the caller hands over no generator (the
             built-in algorithms — ``robust_sgd``, ``frpg``, ``fedavg`` — pass the round's server
@@ -357,8 +284,6 @@ class RobustAggregator(Aggregator):
     rule: ClassVar[Callable[..., Tensor]]
 
     def __init__(self, nonfinite: str = "raise", pre: str = "none", bucket_size: int = 2, seed: int = 0) -> None:
-        from fedrisk.aggregators.preaggregation import PRE_AGGREGATIONS
-
         if nonfinite not in NONFINITE_POLICIES:
             raise FedriskError(
                 f"nonfinite = {nonfinite!r} is not allowed; valid choices: {', '.join(NONFINITE_POLICIES)}"
@@ -398,12 +323,14 @@ class RobustAggregator(Aggregator):
 
     def aggregate_rows(self, x: Tensor, gen: torch.Generator | None = None) -> Tensor:
         """Pre-aggregation (if any) followed by the rule."""
-        from fedrisk.aggregators.preaggregation import bucketing, nearest_neighbor_mixing
-
         if self.pre == "bucketing":
             x = bucketing(x, self.bucket_size, gen if gen is not None else torch.Generator().manual_seed(self.seed))
         elif self.pre == "nnm":
             x = nearest_neighbor_mixing(x, int(self.options().get("f", 0)))
+        elif self.pre == "arc":  # adaptive robust clipping (Allouah et al. 2024) with the rule's f
+            from fedrisk.aggregators.extended import arc
+
+            x = arc(x, int(self.options().get("f", 0)))
         return type(self).rule(x, **self.options())
 
     def __call__(

@@ -5,6 +5,7 @@ hyper-parameters (``model``, ``loss``/objective, ``aggregator`` and ``server_opt
 in by the experiment layer).
 """
 
+from fedrisk.algorithms.apple import APPLE
 from fedrisk.algorithms.base import (
     Algorithm,
     ClientResult,
@@ -14,12 +15,15 @@ from fedrisk.algorithms.base import (
     RoundPlan,
     sample_clients,
 )
-from fedrisk.algorithms.codasca import CODA, CODASCA, NPA, CODAPlus
+from fedrisk.algorithms.codaplus import CODA, NPA, CODAPlus
+from fedrisk.algorithms.codasca import CODASCA
 from fedrisk.algorithms.fedavg import FedAvg, FedProx
+from fedrisk.algorithms.fedfomo import FedFomo
 from fedrisk.algorithms.fedxl import FeDXL1, FeDXL2
 from fedrisk.algorithms.fedxl_ndcg import CentralizedNDCG, FeDXL2NDCG, LocalNDCG
 from fedrisk.algorithms.fessgda import FESSGDA, FESSGDARegularized
 from fedrisk.algorithms.frpg import FRPG, LFRPG, RSA, RobustSGD
+from fedrisk.algorithms.ifca import IFCA
 from fedrisk.algorithms.local_only import Centralized, LocalOnly, centralized
 from fedrisk.algorithms.local_pair import CentralizedPair, LocalPair
 from fedrisk.algorithms.perm import PERM, PERMShuffling, PERMTwoStage
@@ -44,6 +48,9 @@ ALGORITHMS.add("perfedavg", PerFedAvg, "Per-FedAvg (Fallah et al. 2020): local M
 ALGORITHMS.add("pfedme", PFedMe, "pFedMe (Dinh et al. 2020): Moreau-envelope personal models theta_i")
 ALGORITHMS.add("ditto", Ditto, "Ditto (Li et al. 2021): FedAvg + personal models pulled towards w")
 ALGORITHMS.add("apfl", APFL, "APFL (Deng et al. 2020): mixture a_i v_i + (1 - a_i) w with adaptive a_i")
+ALGORITHMS.add("apple", APPLE, "APPLE (Luo and Wu 2022): personal model sum_j p_ij theta_j with learned DR vectors p_i")
+ALGORITHMS.add("fedfomo", FedFomo, "FedFomo (Zhang et al. 2021): clients mix downloaded models by validation gain")
+ALGORITHMS.add("ifca", IFCA, "IFCA (Ghosh et al. 2020): k cluster models, each client trains the one it fits best")
 ALGORITHMS.add("coda", CODA, "CODA: stagewise local primal-dual AUC SGD + pooled dual reset per stage")
 ALGORITHMS.add("codaplus", CODAPlus, "CODA+: stagewise local primal-dual AUC SGD with prox term (Alg. 1-2)")
 ALGORITHMS.add("npa", NPA, "NPA: CODA+ with I = 1 and local minibatch M (naive parallel PPD-SG)")
@@ -72,11 +79,13 @@ ALGORITHMS.add("robust_sgd", RobustSGD, "SGD whose server combines gradients wit
 __all__ = [
     "ALGORITHMS",
     "APFL",
+    "APPLE",
     "CODA",
     "CODASCA",
     "FESSGDA",
     "FRPG",
     "FSGDA",
+    "IFCA",
     "LFRPG",
     "NPA",
     "PERM",
@@ -92,6 +101,7 @@ __all__ = [
     "FeDXL1",
     "FeDXL2",
     "FedAvg",
+    "FedFomo",
     "FedInfo",
     "FedNormSGDA",
     "FedNormSGDAPlus",

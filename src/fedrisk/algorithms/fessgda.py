@@ -64,7 +64,7 @@ from fedrisk.algorithms.sgda import FSGDA
 from fedrisk.errors import FedriskError, check_range
 from fedrisk.tree import Tree, tree_map
 
-__all__ = ["FESSGDA", "FESSGDARegularized", "smoothing_step"]
+__all__ = ["FESSGDA", "FESSGDARegularized", "smooth", "smoothing_step"]
 
 
 def smoothing_step(x: Tree, x_bar: Tree, z: Tree, global_lr: float, coef: float, beta: float) -> tuple[Tree, Tree]:
@@ -78,7 +78,18 @@ def smoothing_step(x: Tree, x_bar: Tree, z: Tree, global_lr: float, coef: float,
         >>> float(x1), float(z1), float(x1 - z1)
         (0.5, 0.125, 0.375)
     """
-    moved = extrapolate(x, x_bar, global_lr)
+    return smooth(extrapolate(x, x_bar, global_lr), x, z, coef, beta)
+
+
+def smooth(moved: Tree, x: Tree, z: Tree, coef: float, beta: float) -> tuple[Tree, Tree]:
+    r"""The smoothing part of :func:`smoothing_step` after the extrapolation ``moved = x + η_g (x̄ − x)``:
+    ``x' = moved − c (x − z)`` (the OLD ``x``, ``z``), then ``z' = z + β (x' − z)`` (the NEW ``x'``).
+
+    Example:
+        >>> import torch
+        >>> [float(u) for u in smooth(torch.tensor(1.0), torch.tensor(1.0), torch.tensor(0.0), 0.5, 0.25)]
+        [0.5, 0.125]
+    """
     x_new = tree_map(lambda m, xt, zt: m - coef * (xt - zt), moved, x, z) if coef else moved
     z_new = tree_map(lambda zt, xn: zt + beta * (xn - zt), z, x_new)
     return x_new, z_new
@@ -112,8 +123,8 @@ class FESSGDA(FSGDA):
 
     def server_step(self, ctx: RoundContext, server_state: Tree, replies: Replies) -> dict[str, Any]:
         coef = self.lr * self.global_lr * self.local_steps * self.smoothing  # η_{x,l} η_{x,g} K p
-        x, z = smoothing_step(server_state["x"], replies.mean("x"), server_state["z"], self.global_lr, coef, self.beta)
-        y = self._project(ctx, extrapolate(server_state["y"], replies.mean("y"), self.global_lr_y))
+        moved, y = self.global_step(ctx, server_state, replies)  # FSGDA's step on (x, y)
+        x, z = smooth(moved, server_state["x"], server_state["z"], coef, self.beta)
         return {"x": x, "y": y, "z": z}
 
 

@@ -124,9 +124,9 @@ class LocalOnly(Algorithm):
 def centralized(federation: Federation) -> Federation:
     """The same data with every client's training split pooled into one client.
 
-    Validation and test sets are kept; per-client test splits are concatenated into the single
-    client's test split.  FedAvg (or :class:`Centralized`) on the result is minibatch SGD on
-    the pooled data.
+    Validation and test sets are kept; per-client test (and validation) splits are concatenated
+    into the single client's test (validation) split.  FedAvg (or :class:`Centralized`) on the
+    result is minibatch SGD on the pooled data.
 
     Example:
         >>> import torch
@@ -135,12 +135,13 @@ def centralized(federation: Federation) -> Federation:
         >>> centralized(Federation("toy", [s.subset([0]), s.subset([1, 2, 3])], 2)).clients[0].x.flatten().tolist()
         [0.0, 1.0, 2.0, 3.0]
     """
-    tests = federation.client_tests
+    tests, vals = federation.client_tests, federation.client_validations
     return Federation(
         name=f"{federation.name} (pooled)",
         clients=[federation.pooled()],
         num_classes=federation.num_classes,
         client_tests=None if tests is None else [Samples.concat(tests)],
+        client_validations=None if vals is None else [Samples.concat(vals)],
         validation=federation.validation,
         test=federation.test,
         class_names=federation.class_names,

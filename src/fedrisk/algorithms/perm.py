@@ -70,7 +70,15 @@ import torch
 from torch import Tensor
 
 from fedrisk.aggregators.base import Replies
-from fedrisk.algorithms.base import Algorithm, ClientResult, FedInfo, LocalData, RoundContext, RoundPlan
+from fedrisk.algorithms.base import (
+    Algorithm,
+    ClientResult,
+    FedInfo,
+    LocalData,
+    RoundContext,
+    RoundPlan,
+    sample_clients,
+)
 from fedrisk.algorithms.local import (
     check_local_sgd,
     full_batch_objective,
@@ -79,100 +87,20 @@ from fedrisk.algorithms.local import (
     sgd_steps,
     supervised_objective,
 )
+from fedrisk.algorithms.perm_weights import (  # noqa: F401  (re-exported: eq. (2) lives in perm_weights)
+    mixing_weights,
+    mixing_weights_pgd,
+    partner_thresholds,
+    squared_distances,
+)
 from fedrisk.autodiff import in_functorch_transform, value_and_grad
 from fedrisk.errors import FedriskError, check_range, unknown_name
-from fedrisk.objectives.minimax import project_simplex
 from fedrisk.objectives.supervised import LossFn
 from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree, tree_flatten_vector, tree_map, tree_stack
 
 FIXED_WEIGHTS = ("uniform", "samples", "local")
 WARMUPS = ("uniform", "fedavg")
-
-
-# ----------------------------------------------------------------------------- eq. (2): alpha
-
-
-def _check_weight_inputs(sq_distances: Any, counts: Any, lam: float) -> tuple[Tensor, Tensor]:
-    if not (isinstance(lam, (int, float)) and lam > 0 and lam != float("inf")):
-        raise FedriskError(f"lam = {lam!r} must be a finite number > 0 (the regulariser of PERM's eq. (2))")
-    D = torch.as_tensor(sq_distances, dtype=torch.float64)
-    n = torch.as_tensor(counts, dtype=torch.float64)
-    if D.dim() != 2 or D.shape[0] != D.shape[1] or n.shape != (D.shape[0],):
-        raise FedriskError(
-            f"mixing_weights needs an N x N matrix of squared distances and N counts; got {tuple(D.shape)} "
-            f"and {tuple(n.shape)}"
-        )
-    if not bool(torch.isfinite(D).all()) or bool((D < 0).any()):
-        raise FedriskError("squared distances must be finite and >= 0")
-    if bool((n <= 0).any()):
-        empty = torch.nonzero(n <= 0).flatten().tolist()
-        raise FedriskError(f"clients {empty} have no data (n_j = 0); PERM's weights need n_j >= 1 for every client")
-    return D, n
-
-
-def mixing_weights(sq_distances: Any, counts: Sequence[int] | Tensor, lam: float) -> Tensor:
-    """The N x N mixing weights of eq. (2), exactly; row i is client i's alpha_i on the simplex.
-
-    For row i with ``D_ij = ||grad f_i(w) - grad f_j(w)||^2`` the KKT conditions of
-    ``min_{alpha in Delta_N} sum_j alpha(j) D_ij + lam sum_j alpha(j)^2 / n_j`` give
-    ``alpha(j) = n_j / (2 lam) * max(0, tau_i - D_ij)`` (spec §1.2); tau_i is found by sorting
-    ``D_i`` and taking the largest active set ``{j : D_ij < tau}`` consistent with
-    ``sum_j alpha(j) = 1``.  lam -> 0 gives e_i (local training), lam -> inf gives n_j / n (FedAvg).
-
-    Example:
-        >>> D = torch.tensor([[0.0, 9.0], [9.0, 0.0]])
-        >>> mixing_weights(D, [1, 1], lam=1e-3).tolist(), mixing_weights(D, [1, 3], lam=1e6).round(decimals=4).tolist()
-        ([[1.0, 0.0], [0.0, 1.0]], [[0.25, 0.75], [0.25, 0.75]])
-    """
-    D, n = _check_weight_inputs(sq_distances, counts, lam)
-    N = D.shape[0]
-    order = D.argsort(dim=1, stable=True)
-    d = D.gather(1, order)
-    m = n[order]
-    tau_k = (2.0 * lam + (m * d).cumsum(1)) / m.cumsum(1)  # tau if the first k sorted entries are active
-    active = d < tau_k  # true on a prefix (k = 1 always)
-    k = (active * torch.arange(1, N + 1, dtype=torch.float64, device=D.device)).argmax(dim=1, keepdim=True)
-    tau = tau_k.gather(1, k)
-    alpha = n / (2.0 * lam) * (tau - D).clamp_min(0.0)
-    return alpha / alpha.sum(1, keepdim=True)
-
-
-def mixing_weights_pgd(
-    sq_distances: Any, counts: Sequence[int] | Tensor, lam: float, steps: int = 300, init: Tensor | None = None
-) -> Tensor:
-    """eq. (2) by the paper's T_alpha steps of projected GD (step 1/L_g, L_g = 2 lam / n_min),
-    started at uniform weights (or ``init``, a warm start).  The test oracle of :func:`mixing_weights`.
-
-    Example:
-        >>> D = torch.tensor([[0.0, 1.0, 4.0], [1.0, 0.0, 4.0], [4.0, 4.0, 0.0]])
-        >>> gap = mixing_weights_pgd(D, [10, 10, 10], 10.0) - mixing_weights(D, [10, 10, 10], 10.0)
-        >>> bool(gap.abs().max() < 1e-12)
-        True
-    """
-    D, n = _check_weight_inputs(sq_distances, counts, lam)
-    check_range("steps", steps, 1)
-    N = D.shape[0]
-    alpha = torch.full((N, N), 1.0 / N, dtype=torch.float64) if init is None else init.to(torch.float64).clone()
-    step = float(n.min()) / (2.0 * lam)
-    for _ in range(steps):
-        alpha = project_simplex(alpha - step * (D + 2.0 * lam * alpha / n))
-    return alpha
-
-
-def squared_distances(grads: Tensor) -> Tensor:
-    """``D_ij = ||g_i - g_j||^2`` of the rows of ``grads`` [N, d] by the Gram trick
-    ``||g_i||^2 + ||g_j||^2 - 2 <g_i, g_j>`` (P14), clamped at 0, symmetric, zero diagonal.
-
-    Example:
-        >>> squared_distances(torch.tensor([[0.0, 0.0], [3.0, 4.0]])).tolist()
-        [[0.0, 25.0], [25.0, 0.0]]
-    """
-    g = grads.to(torch.float64)
-    sq = (g * g).sum(1)
-    D = (sq[:, None] + sq[None, :] - 2.0 * g @ g.T).clamp_min(0.0)
-    D = 0.5 * (D + D.T)
-    return D.fill_diagonal_(0.0)
 
 
 # ----------------------------------------------------------------------------- Alg. 1: schedule
@@ -222,9 +150,23 @@ class PERMShuffling(Algorithm):
         weights: ``"uniform"`` (alpha_i = 1/N: every v_i solves the uniform WERM, FedAvg's
             objective), ``"samples"`` (n_j / n) or ``"local"`` (alpha_i = e_i: local training).
         sampling: ``"with_replacement"`` or ``"shuffle"`` minibatches.
+        clients_per_round: m, partial participation (None: all N).  Every epoch the server
+            samples m clients S uniformly without replacement; the epoch's m shuffle rounds move
+            only S's models among S's hosts (sigma_r permutes S), and a host k in S steps model
+            i by ``lr * alpha_i(k) / sum_{l in S} alpha_i(l)`` (the weights restricted to S;
+            PERM re-estimates S's rows among S, so they already sum to 1 there).  Models of
+            clients outside S wait for an epoch that samples them.  With m = N no client is
+            drawn and nothing is renormalised: the run equals full participation exactly.
 
     Server state: ``v`` (the N models, stacked), ``w`` (the global model, kept for evaluation),
-    ``alpha`` [N, N], ``sigma`` [N], ``j`` (round within the epoch), ``round``.
+    ``alpha`` [N, N], ``members`` [m] (the epoch's clients S), ``sigma`` [m] (a permutation of
+    S's positions), ``j`` (round within the epoch), ``round``, and the objective of eq. (3)
+    (``objective`` [N]: each model's ``Phi(alpha_i, v_i) = sum_k alpha_i(k) f_k(v_i)`` summed
+    over its last complete epoch's visits, from the hosts' losses weighted by the weights they
+    stepped with; ``objective_sum`` the running epoch; ``objective_seen`` [N] which models have
+    completed an epoch).  :meth:`state_metrics` reports its mean over the models as
+    ``train_loss`` (the clients' own ``host_loss``, unweighted, is the mean loss of the hosted
+    models at their hosts, which may rise while every objective falls).
 
     Example:
         >>> from fedrisk.models import FunctionalModel, build_model
@@ -245,13 +187,19 @@ class PERMShuffling(Algorithm):
     batch_size: int = 32
     weights: str = "uniform"
     sampling: str = "with_replacement"
+    clients_per_round: int | None = None
 
     def __post_init__(self) -> None:
-        check_local_sgd(self.lr, self.local_steps, self.batch_size, self.sampling, None)
+        check_local_sgd(self.lr, self.local_steps, self.batch_size, self.sampling, self.clients_per_round)
         if self.weights not in FIXED_WEIGHTS:
             raise unknown_name("weights", self.weights, FIXED_WEIGHTS)
 
     def check(self, fed: FedInfo) -> None:
+        if self.clients_per_round is not None and self.clients_per_round > fed.num_clients:
+            raise FedriskError(
+                f"{self.name}: clients_per_round = {self.clients_per_round} is more than the federation's "
+                f"{fed.num_clients} clients; allowed: 1 .. {fed.num_clients} (or none for all)"
+            )
         empty = [k for k, n in enumerate(fed.client_sizes) if n <= 0]
         if empty:
             raise FedriskError(
@@ -269,6 +217,11 @@ class PERMShuffling(Algorithm):
             return (n / n.sum()).expand(N, N).clone()
         return torch.full((N, N), 1.0 / N, dtype=dtype)
 
+    def draw_epoch(self, num_clients: int, gen: torch.Generator) -> dict[str, Tensor]:
+        """The next epoch's clients S (all, drawing nothing, at full participation) and sigma."""
+        members = torch.tensor(sample_clients(gen, num_clients, self.clients_per_round), dtype=torch.int64)
+        return {"members": members, "sigma": torch.randperm(members.shape[0], generator=gen)}
+
     def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
         N = ctx.fed.num_clients
         dtype = tree_flatten_vector(params).dtype
@@ -276,22 +229,41 @@ class PERMShuffling(Algorithm):
             "w": params,
             "v": tree_stack([params] * N),
             "alpha": self.initial_alpha(ctx.fed, dtype),
-            "sigma": torch.randperm(N, generator=gen),
+            **self.draw_epoch(N, gen),
             "j": torch.zeros((), dtype=torch.int64),
             "round": torch.zeros((), dtype=torch.int64),
+            "objective": torch.zeros(N, dtype=dtype),
+            "objective_sum": torch.zeros(N, dtype=dtype),
+            "objective_seen": torch.zeros(N, dtype=torch.bool),
         }
 
     def round_kind(self, server_state: Tree) -> str:
         return "shuffle"
 
+    def hosting(self, server_state: Tree) -> tuple[list[int], Tensor]:
+        """This shuffle round's hosts (the epoch's clients) and ``owner[p]``, the model host
+        ``hosts[p]`` trains (:func:`hosted_owners` on S's positions)."""
+        members = server_state["members"]
+        return members.tolist(), members[hosted_owners(server_state["sigma"], int(server_state["j"]))]
+
+    def visit_weight(self, server_state: Tree, owner: int, host: int) -> Tensor:
+        """``alpha_owner(host)``, restricted to the epoch's clients under partial participation."""
+        alpha, members = server_state["alpha"], server_state["members"]
+        if members.shape[0] == alpha.shape[0]:
+            return alpha[owner, host]
+        return alpha[owner, host] / alpha[owner, members].sum().clamp_min(torch.finfo(alpha.dtype).tiny)
+
     def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
-        clients = list(range(ctx.fed.num_clients))
         kind = self.round_kind(server_state)
+        clients = server_state["members"].tolist()
         if kind != "shuffle":
             return RoundPlan(clients, broadcast={"params": server_state["w"]}, kind=kind)
-        owner = hosted_owners(server_state["sigma"], int(server_state["j"]))
-        alpha, v = server_state["alpha"], server_state["v"]
-        per_client = {k: {"params": _row(v, owner[k]), "alpha": alpha[owner[k], k]} for k in clients}
+        hosts, owner = self.hosting(server_state)
+        v = server_state["v"]
+        per_client = {
+            k: {"params": _row(v, i), "alpha": self.visit_weight(server_state, i, k)}
+            for k, i in zip(hosts, owner.tolist())
+        }
         return RoundPlan(clients, per_client=per_client, kind=kind)
 
     def aggregate(
@@ -302,16 +274,36 @@ class PERMShuffling(Algorithm):
         if ctx.kind != "shuffle":
             return self.aggregate_other(ctx, state, replies, gen)
         # each hosted model goes back to its owner's slot
-        owner = hosted_owners(server_state["sigma"], int(server_state["j"]))
-        slots = owner[torch.tensor(replies.clients, dtype=torch.int64)]
+        hosts, owner = self.hosting(server_state)
+        position = {k: p for p, k in enumerate(hosts)}
+        slots = owner[torch.tensor([position[k] for k in replies.clients], dtype=torch.int64)]
         new = replies.stacked("params")
         state["v"] = tree_map(lambda v, x: v.index_copy(0, slots, x.to(v.dtype)), server_state["v"], new)
+        weighted = replies.stacked("weighted_loss").to(state["objective_sum"].dtype)
+        state["objective_sum"] = server_state["objective_sum"].index_add(0, slots, weighted)
+        m = len(hosts)
         j = int(server_state["j"]) + 1
-        state["j"] = torch.tensor(j % ctx.fed.num_clients, dtype=torch.int64)
-        if j == ctx.fed.num_clients:  # end of the epoch: a new permutation sigma_{r+1}
-            state["sigma"] = torch.randperm(ctx.fed.num_clients, generator=gen)
+        state["j"] = torch.tensor(j % m, dtype=torch.int64)
+        if j == m:  # end of the epoch: eq. (3)'s objectives are complete; new S and sigma_{r+1}
+            members = server_state["members"]
+            state["objective"] = server_state["objective"].index_copy(0, members, state["objective_sum"][members])
+            state["objective_seen"] = server_state["objective_seen"].index_fill(0, members, True)
+            state["objective_sum"] = torch.zeros_like(state["objective_sum"])
+            state.update(self.draw_epoch(ctx.fed.num_clients, gen))
             state = self.end_of_epoch(ctx, state)
         return state
+
+    def weight_matrix(self, server_state: Tree) -> Tensor:
+        """The mixing weights alpha [N, N] (row i: client i's weights; ``alpha.csv`` of a run)."""
+        return server_state["alpha"]
+
+    def state_metrics(self, server_state: Tree, federation: Any) -> dict[str, float]:
+        """``train_loss``: the mean over the models of eq. (3)'s objective ``Phi(alpha_i, v_i)``
+        over each model's last complete epoch (absent before the first epoch ends)."""
+        seen = server_state.get("objective_seen")
+        if seen is None or not bool(seen.any()):
+            return {}
+        return {"train_loss": float(server_state["objective"][seen].mean())}
 
     def aggregate_other(self, ctx: RoundContext, state: dict, replies: Replies, gen: torch.Generator) -> Tree:
         raise AssertionError(f"unexpected round kind {ctx.kind!r}")
@@ -319,8 +311,10 @@ class PERMShuffling(Algorithm):
     def end_of_epoch(self, ctx: RoundContext, state: dict) -> dict:
         return state
 
-    def global_params(self, server_state: Tree) -> Tree:
-        return server_state["w"]
+    def global_params(self, server_state: Tree) -> Tree | None:
+        """None: Alg. 1 with fixed weights trains no global model (its ``w`` stays the initial
+        model, which would be reported as if it were a result)."""
+        return None
 
     def personal_params(self, server_state: Tree, client_state: Tree, client: int) -> Tree:
         return _row(server_state["v"], client)
@@ -340,7 +334,8 @@ class PERMShuffling(Algorithm):
         step = (self.lr / N) * N * alpha
         objective = supervised_objective(self.model.apply, self.loss)
         params, loss = sgd_steps(objective, payload["params"], data, draws["batches"], step)
-        return ClientResult({"params": params}, state, {"loss": loss})
+        reply = {"params": params, "weighted_loss": payload["alpha"].to(loss.dtype) * loss}
+        return ClientResult(reply, state, {"host_loss": loss})
 
     def client_other(
         self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
@@ -379,20 +374,32 @@ def _gradient_matrix(replies: Replies, key: str) -> Tensor:
     return torch.stack([tree_flatten_vector(g) for g in replies.gather(key)])
 
 
-def weights_from_replies(previous: Tensor, replies: Replies, sizes: Sequence[int], lam: float, key: str) -> Tensor:
+def weights_from_replies(
+    previous: Tensor, replies: Replies, sizes: Sequence[int], lam: float, key: str, out: dict | None = None
+) -> Tensor:
     """Eq. (2)'s mixing weights from the gradients in ``replies``.
 
     When every client replied this is ``mixing_weights(D, n, lam)``.  When some did not (a
-    failed or dropped client under ``on_client_failure = "skip"``), the weights are solved among
-    the repliers only: a replier's row puts no weight on an absent client (whose gradient is
-    unknown), and an absent client keeps its previous row.
+    failed or dropped client under ``on_client_failure = "skip"``, or a client outside the
+    epoch's sample under partial participation), the weights are solved among the repliers
+    only: a replier's row puts no weight on an absent client (whose gradient is unknown), and
+    an absent client keeps its previous row.  With ``out`` (a server state), also records the
+    repliers' discrepancies in ``out["discrepancy"]`` [N, N] (other entries kept) and counts
+    the estimation in ``out["estimations"]``.
     """
     ids = list(replies.clients)
-    sub = mixing_weights(squared_distances(_gradient_matrix(replies, key)), [sizes[i] for i in ids], lam)
+    D = squared_distances(_gradient_matrix(replies, key))
+    sub = mixing_weights(D, [sizes[i] for i in ids], lam)
+    index = torch.tensor(ids, dtype=torch.long)
+    if out is not None:
+        N = previous.shape[0]
+        known = out.get("discrepancy", torch.zeros(N, N, dtype=previous.dtype)).clone()
+        known[index.unsqueeze(1), index] = D.to(known.dtype)
+        out["discrepancy"] = known
+        out["estimations"] = out.get("estimations", torch.zeros((), dtype=torch.int64)) + 1
     if len(ids) == previous.shape[0]:
         return sub.to(previous.dtype)
     alpha = previous.clone()
-    index = torch.tensor(ids, dtype=torch.long)
     alpha[index] = 0.0
     alpha[index.unsqueeze(1), index] = sub.to(alpha.dtype)
     return alpha
@@ -463,6 +470,9 @@ class PERM(PERMShuffling):
         state = super().init_server(ctx, params, gen)
         state["alpha"] = torch.full_like(state["alpha"], 1.0 / ctx.fed.num_clients)  # alpha^0 uniform
         state["j"] = torch.tensor(-1, dtype=torch.int64)  # -1: the epoch's estimate round is next
+        N = ctx.fed.num_clients
+        state["discrepancy"] = torch.zeros(N, N, dtype=state["alpha"].dtype)  # D of the latest estimation
+        state["estimations"] = torch.zeros((), dtype=torch.int64)
         return state
 
     def round_kind(self, server_state: Tree) -> str:
@@ -473,6 +483,10 @@ class PERM(PERMShuffling):
     def end_of_epoch(self, ctx: RoundContext, state: dict) -> dict:
         state["j"] = torch.tensor(-1, dtype=torch.int64)
         return state
+
+    def global_params(self, server_state: Tree) -> Tree:
+        """The global model w (the discrepancies' reference point; reported as ``global_test_*``)."""
+        return server_state["w"]
 
     def aggregate_other(self, ctx: RoundContext, state: dict, replies: Replies, gen: torch.Generator) -> Tree:
         if ctx.kind == "fedavg":
@@ -487,7 +501,9 @@ class PERM(PERMShuffling):
         else:  # alpha^0 = uniform (Alg. 2), and uniform during warm-up
             estimate = r > 0 and r >= self.warmup_rounds
         if estimate:
-            state["alpha"] = weights_from_replies(state["alpha"], replies, ctx.fed.client_sizes, self.lam, "grad_full")
+            state["alpha"] = weights_from_replies(
+                state["alpha"], replies, ctx.fed.client_sizes, self.lam, "grad_full", out=state
+            )
         step = replies.mean("grad" if self.global_batch is not None else "grad_full")
         state["w"] = tree_map(lambda p, d: p - self.global_lr * d, w, step)
         state["j"] = torch.tensor(0, dtype=torch.int64)
@@ -521,6 +537,8 @@ class PERMTwoStage(PERM):
     * then epochs of N shuffle rounds with the fixed alpha_hat (Alg. 1).
 
     ``global_batch`` and ``warmup_rounds`` do not apply (the global model is trained only in stage 1).
+    With ``clients_per_round`` only the shuffle epochs sample clients (stage 1 and the one
+    estimation use every client, so that alpha_hat has every row).
 
     Example:
         >>> from fedrisk.models import FunctionalModel, build_model
@@ -543,6 +561,13 @@ class PERMTwoStage(PERM):
                 "warmup_rounds and warmup belong to single-loop 'perm' - leave them unset"
             )
 
+    def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
+        plan = super().configure(ctx, server_state, gen)
+        if plan.kind == "shuffle":
+            return plan
+        # stage 1 and the one estimation use every client (alpha_hat is fixed for the whole run)
+        return RoundPlan(list(range(ctx.fed.num_clients)), broadcast=plan.broadcast, kind=plan.kind)
+
     def round_kind(self, server_state: Tree) -> str:
         r = int(server_state["round"])
         if r < self.fedavg_rounds:
@@ -556,7 +581,9 @@ class PERMTwoStage(PERM):
         if ctx.kind == "fedavg":
             state["w"] = replies.mean("params")  # uniform averaging (Alg. 3)
             return state
-        state["alpha"] = weights_from_replies(state["alpha"], replies, ctx.fed.client_sizes, self.lam, "grad_full")
+        state["alpha"] = weights_from_replies(
+            state["alpha"], replies, ctx.fed.client_sizes, self.lam, "grad_full", out=state
+        )
         state["v"] = tree_stack([state["w"]] * ctx.fed.num_clients)
         state["j"] = torch.tensor(0, dtype=torch.int64)
         return state

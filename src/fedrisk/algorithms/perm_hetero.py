@@ -28,7 +28,6 @@ from fedrisk.algorithms.perm import (
     PERM,
     _estimate_gradients,
     _row,
-    hosted_owners,
     weights_from_replies,
 )
 from fedrisk.errors import FedriskError
@@ -136,24 +135,30 @@ class PERMHetero(PERM):
         return state
 
     def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
-        clients = list(range(ctx.fed.num_clients))
+        clients = server_state["members"].tolist()
         masks = server_state["masks"]
         if self.round_kind(server_state) == "estimate":
             w = server_state["w"]
             per_client = {k: {"params": _masked(w, _row(masks, k)), "mask": _row(masks, k)} for k in clients}
             return RoundPlan(clients, per_client=per_client, kind="estimate")
-        owner = hosted_owners(server_state["sigma"], int(server_state["j"]))
-        alpha, v = server_state["alpha"], server_state["v"]
+        hosts, owner = self.hosting(server_state)
+        v = server_state["v"]
         per_client = {
-            k: {"params": _row(v, i), "alpha": alpha[i, k], "mask": tree_map(lambda m, i=i, k=k: m[i] * m[k], masks)}
-            for k, i in zip(clients, owner.tolist())
+            k: {
+                "params": _row(v, i),
+                "alpha": self.visit_weight(server_state, i, k),
+                "mask": tree_map(lambda m, i=i, k=k: m[i] * m[k], masks),
+            }
+            for k, i in zip(hosts, owner.tolist())
         }
         return RoundPlan(clients, per_client=per_client, kind="shuffle")
 
     def aggregate_other(self, ctx: RoundContext, state: dict, replies: Replies, gen: torch.Generator) -> Tree:
         r = int(state["round"]) - 1
         if r > 0 and r >= self.warmup_rounds:
-            state["alpha"] = weights_from_replies(state["alpha"], replies, ctx.fed.client_sizes, self.lam, "grad_full")
+            state["alpha"] = weights_from_replies(
+                state["alpha"], replies, ctx.fed.client_sizes, self.lam, "grad_full", out=state
+            )
         total = replies.sum("grad" if self.global_batch is not None else "grad_full")
         holders = tree_map(lambda m: m.sum(0).clamp_min(1.0), state["masks"])  # clients holding each coordinate
         state["w"] = tree_map(lambda p, s, c: p - self.global_lr * s / c, state["w"], total, holders)
@@ -174,4 +179,5 @@ class PERMHetero(PERM):
         params, loss = sgd_steps(
             objective, payload["params"], data, draws["batches"], step, lambda p, g: _masked(g, mask)
         )
-        return ClientResult({"params": params}, state, {"loss": loss})
+        reply = {"params": params, "weighted_loss": payload["alpha"].to(loss.dtype) * loss}
+        return ClientResult(reply, state, {"host_loss": loss})

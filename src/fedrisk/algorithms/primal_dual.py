@@ -2,8 +2,9 @@ r"""The local primal-dual engine shared by the min-max families (CODA+/CODASCA, 
 
 Objective-free pure functions over ``(v, α)`` pytrees: a window of local stochastic gradient
 descent-ascent (:func:`local_sgda`), the control-variate updates of CODASCA's eqs. (6)-(7)
-(:func:`control_variate_difference`, :func:`control_variate_mean`), the server's
-extrapolation step (:func:`extrapolate`) and the adapters from a game's gradients to the
+(:func:`control_variate_difference`, :func:`control_variate_mean`; SCAFFOLD's option II is the
+former), the server's extrapolation step (:func:`server_extrapolate`, on ``(v, α)`` with the
+dual projected; CODASCA, FSGDA and FESS-GDA) and the adapters from a game's gradients to the
 engine's leaf-list :data:`Directions` (:func:`tree_directions`, :func:`flat_directions`).  The
 algorithm modules (``codasca.py``, ...) supply the stochastic directions of their objective
 through :data:`Directions` and keep the paper-specific schedule, variables and communication.
@@ -30,6 +31,7 @@ __all__ = [
     "extrapolate",
     "flat_directions",
     "local_sgda",
+    "server_extrapolate",
     "tree_directions",
 ]
 
@@ -255,3 +257,34 @@ def extrapolate(previous: Tree, mean: Tree, global_lr: float) -> Tree:
     if global_lr == 1.0:
         return mean
     return tree_map(lambda p, m: p + global_lr * (m - p), previous, mean)
+
+
+def server_extrapolate(
+    primal: Tree,
+    primal_mean: Tree,
+    dual: Tree,
+    dual_mean: Tree,
+    global_lr: float,
+    global_lr_dual: float | None = None,
+    project_dual: Callable[[Tree], Tree] | None = None,
+) -> tuple[Tree, Tree]:
+    r"""The server step of the primal-dual families on ``(v, α)`` (CODASCA's Alg. 4, FSGDA's and
+    FESS-GDA's ``(x, y)``)::
+
+        v_r = v_{r−1} + η_g (v̂_r − v_{r−1}),     α_r = Π(α_{r−1} + η_{g,α} (α̂_r − α_{r−1}))
+
+    with ``η_{g,α} = global_lr_dual`` (None: ``η_g``) and ``Π = project_dual`` (None: none).  The
+    dual is projected because ``η_g > 1`` can leave the feasible set even when every client's
+    iterate is feasible (``α_{r−1} = 0.5``, ``α̂_r = 0``, ``η_g = 1.5`` give ``−0.25``); a mean of
+    feasible values (``η_g ≤ 1``) never does, and projecting it changes nothing.
+
+    Example:
+        >>> import torch
+        >>> v, a = server_extrapolate(torch.tensor(1.0), torch.tensor(2.0), torch.tensor(0.5),
+        ...                           torch.tensor(0.0), 1.5, project_dual=lambda a: a.clamp(min=0))
+        >>> float(v), float(a)
+        (2.5, 0.0)
+    """
+    dual_lr = global_lr if global_lr_dual is None else global_lr_dual
+    dual = extrapolate(dual, dual_mean, dual_lr)
+    return extrapolate(primal, primal_mean, global_lr), (dual if project_dual is None else project_dual(dual))

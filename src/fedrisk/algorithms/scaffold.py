@@ -72,6 +72,7 @@ from fedrisk.algorithms.local import (
     sgd_steps,
     supervised_objective,
 )
+from fedrisk.algorithms.primal_dual import control_variate_difference
 from fedrisk.autodiff import value_and_grad
 from fedrisk.errors import check_range, unknown_name
 from fedrisk.objectives.supervised import LossFn
@@ -162,7 +163,7 @@ class Scaffold(Algorithm):
         if self.control_option == "I":  # c_i+ = g_i(x)                       (line 12, I)
             _, c_plus = value_and_grad(objective)(x, *batch(data, draws["control_batch"]))
         else:  # c_i+ = c_i - c + (x - y_i) / (K eta_l)                        (line 12, II)
-            c_plus = tree_axpy(1.0 / (self.local_steps * self.lr), tree_sub(x, y_i), tree_sub(c_i, c))
+            c_plus = control_variate_difference(c_i, c, x, y_i, self.local_steps, self.lr)  # CODASCA's eq. (6)
         reply = {"delta_params": tree_sub(y_i, x), "delta_control": tree_sub(c_plus, c_i)}
         return ClientResult(reply, {"control": c_plus}, {"loss": loss})
 

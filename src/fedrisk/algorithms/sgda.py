@@ -75,7 +75,7 @@ from fedrisk.algorithms.base import (
     sample_clients,
 )
 from fedrisk.algorithms.local import check_sampling, sample_batches
-from fedrisk.algorithms.primal_dual import Directions, LocalWindow, extrapolate, flat_directions, local_sgda
+from fedrisk.algorithms.primal_dual import Directions, LocalWindow, flat_directions, local_sgda, server_extrapolate
 from fedrisk.autodiff import in_functorch_transform, value_and_grad
 from fedrisk.errors import FedriskError, check_int, check_range, unknown_name
 from fedrisk.objectives.minimax import (
@@ -447,9 +447,16 @@ class FSGDA(LocalSGDA):
         return self.global_lr if self.global_lr_dual is None else self.global_lr_dual
 
     def server_step(self, ctx: RoundContext, server_state: Tree, replies: Replies) -> dict[str, Any]:
-        x = extrapolate(server_state["x"], replies.mean("x"), self.global_lr)
-        y = self._project(ctx, extrapolate(server_state["y"], replies.mean("y"), self.global_lr_y))
+        """:func:`~fedrisk.algorithms.primal_dual.server_extrapolate` with ``(η_{x,g}, η_{y,g})`` and ``P_Y``."""
+        x, y = self.global_step(ctx, server_state, replies)
         return {"x": x, "y": y}
+
+    def global_step(self, ctx: RoundContext, server_state: Tree, replies: Replies) -> tuple[Tree, Tensor]:
+        """``x_t + η_{x,g}(x̄ − x_t)`` and ``P_Y(y_t + η_{y,g}(ȳ − y_t))`` (uniform means over S_t)."""
+        x, y = server_state["x"], server_state["y"]
+        return server_extrapolate(
+            x, replies.mean("x"), y, replies.mean("y"), self.global_lr, self.global_lr_y, self.projection(ctx.fed)
+        )
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,27 @@ class Attack:
     def apply(self, ctx: RoundContext, replies: Replies, byzantine: Sequence[int], gen: torch.Generator) -> Replies:
         raise NotImplementedError
 
+    def prepare(self, algorithm: Any, info: Any, byzantine: Sequence[int]) -> None:
+        """Called once by the Simulation before round 0 with the algorithm, its
+        :class:`~fedrisk.algorithms.base.FedInfo` and the Byzantine ids.
+
+        The default refuses more Byzantine clients than the algorithm's aggregator claims to
+        tolerate (:func:`fedrisk.attacks.defence.check_breakdown`: a Krum or trimmed mean
+        configured for ``f`` faulty replies, or a rule with breakdown point 1/2); adaptive
+        attacks also read the defence here.  Algorithms whose aggregation cannot be modelled are
+        not checked.
+        """
+        from fedrisk.attacks.defence import check_breakdown, defence_of
+        from fedrisk.errors import FedriskError
+
+        defence = getattr(self, "defence", None)
+        if defence is None:
+            try:
+                defence = defence_of(algorithm)
+            except FedriskError:
+                return
+        check_breakdown(defence, int(info.num_clients), byzantine)
+
     def poison(self, federation: Any, byzantine: Sequence[int]) -> Any:
         """The federation the run trains on (default: unchanged; data attacks override it)."""
         return federation

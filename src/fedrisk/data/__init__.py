@@ -10,9 +10,9 @@ Example:
 """
 
 import fedrisk.data.games  # registers wgan_1d, nc_sc_quadratic
-import fedrisk.data.ranking  # noqa: F401  (registers synthetic_ranking)
+import fedrisk.data.ranking
+import fedrisk.data.sources  # noqa: F401  (registers synthetic_ranking; table, arrays, image_folder)
 from fedrisk.data.build import build_federation
-from fedrisk.data.chexpert import load_chexpert
 from fedrisk.data.federation import Federation, PartitionReport, Samples
 from fedrisk.data.loaders import (
     DATASETS,
@@ -43,6 +43,7 @@ from fedrisk.data.partition import (
     shards,
     split_indices,
 )
+from fedrisk.data.sources.chexpert import load_chexpert
 from fedrisk.data.synthetic import (
     class_split_auc_data,
     class_split_auc_federation,

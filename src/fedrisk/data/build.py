@@ -21,9 +21,14 @@ This is the one function the config runner calls.  The pipeline, each step seede
    ``"sex"``).  ``class_disjoint`` on the classes of a binary task deals the negative and the
    positive classes separately unless ``groups`` is given;
 5. **per client**: an optional stratified ``client_test_fraction`` split into a personal test
-   set, symmetric ``label_noise`` on the client's training rows, and Gaussian
-   ``feature_noise`` (FeDXL: mean ``mean + (k - K//2) * mean_step`` for client ``k``) on its
-   training and personal test rows.  The global validation and test sets stay clean.
+   set, then an optional stratified ``client_validation_fraction`` of the remaining training
+   rows into a personal validation set (seeded by ``derive_seed(seed, "client_validation", k)``;
+   disjoint from the client's training and test rows), symmetric ``label_noise`` on the
+   client's training rows, and Gaussian ``feature_noise`` (FeDXL: mean
+   ``mean + (k - K//2) * mean_step`` for client ``k``) on its training, personal validation and
+   personal test rows.  The global validation and test sets stay clean.  A client that the
+   validation split would leave without validation rows or without training rows is an error
+   naming it.
 
 ``Federation.info`` records every resolved parameter plus per-client sizes and, for binary
 tasks, positive ratios.
@@ -190,6 +195,7 @@ def build_federation(
     binarize: Mapping[str, Any] | None = None,
     client_test_fraction: float = 0.0,
     validation_fraction: float = 0.0,
+    client_validation_fraction: float = 0.0,
     feature_noise: Mapping[str, Any] | None = None,
     label_noise: Mapping[str, Any] | None = None,
 ) -> Federation:
@@ -208,6 +214,8 @@ def build_federation(
             "balanced_test": False}``; ``positive_classes`` defaults to the upper half.
         client_test_fraction: share of each client's rows kept as its personal test set.
         validation_fraction: share of the training set held out as global validation.
+        client_validation_fraction: share of each client's training rows (after its test split)
+            held out as its personal validation set, stratified by label.
         feature_noise: ``{"std": 0.2, "mean": 0.0, "mean_step": 0.01}`` per-client Gaussian
             input noise (client ``k`` gets mean ``mean + (k - K//2) * mean_step``).
         label_noise: ``{"rate": 0.2}`` symmetric label noise on client training rows.
@@ -220,6 +228,7 @@ def build_federation(
     """
     check_range("client_test_fraction", client_test_fraction, 0.0, 1.0, high_inclusive=False)
     check_range("validation_fraction", validation_fraction, 0.0, 1.0, high_inclusive=False)
+    check_range("client_validation_fraction", client_validation_fraction, 0.0, 1.0, high_inclusive=False)
     if not isinstance(num_clients, int) or isinstance(num_clients, bool) or num_clients < 1:
         raise FedriskError(f"num_clients = {num_clients!r} is out of range; allowed: an integer >= 1")
     PARTITIONERS.get(partition)  # fail on an unknown name before loading anything
@@ -270,6 +279,7 @@ def build_federation(
     # 5. per-client splits and noise
     clients: list[Samples] = []
     client_tests: list[Samples] = []
+    client_validations: list[Samples] = []
     for k, idx in enumerate(parts):
         s, ct = _split_client(
             train.subset(idx),
@@ -277,6 +287,19 @@ def build_federation(
             T.derive_seed(seed, "client_test", k),
             classification,
         )
+        cv = None
+        if client_validation_fraction > 0:
+            n = len(s)
+            s, cv = _split_client(
+                s, client_validation_fraction, T.derive_seed(seed, "client_validation", k), classification
+            )
+            if cv is None or len(cv) == 0 or len(s) == 0:
+                raise FedriskError(
+                    f"data.client_validation_fraction = {client_validation_fraction} leaves client {k} "
+                    f"({n} training rows) with {len(cv) if cv is not None else 0} validation and {len(s)} training "
+                    "rows; allowed: a fraction that gives every client at least one row on each side (a larger "
+                    "fraction, fewer clients or a partition with a larger min_size)"
+                )
         if ln_spec is not None and ln_spec.get("rate", 0.0) > 0:
             if not classification:
                 raise FedriskError("label_noise needs a classification dataset")
@@ -286,9 +309,13 @@ def build_federation(
             s = T.add_feature_noise(s, fn_spec["std"], T.derive_seed(seed, "noise", k), mean_k)
             if ct is not None:
                 ct = T.add_feature_noise(ct, fn_spec["std"], T.derive_seed(seed, "noise_test", k), mean_k)
+            if cv is not None:
+                cv = T.add_feature_noise(cv, fn_spec["std"], T.derive_seed(seed, "noise_validation", k), mean_k)
         clients.append(s)
         if ct is not None:
             client_tests.append(ct)
+        if cv is not None:
+            client_validations.append(cv)
 
     info: dict[str, Any] = {
         "dataset": dataset,
@@ -304,11 +331,14 @@ def build_federation(
         "positive_classes": positive_classes,
         "client_test_fraction": client_test_fraction,
         "validation_fraction": validation_fraction,
+        "client_validation_fraction": client_validation_fraction,
         "feature_noise": fn_spec,
         "label_noise": ln_spec,
         "attr_names": dict(meta.attr_names),
         "client_sizes": [len(c) for c in clients],
     }
+    if client_validations:
+        info["client_validation_sizes"] = [len(c) for c in client_validations]
     if fn_spec is not None:
         info["client_noise_means"] = [
             fn_spec.get("mean", 0.0) + (k - num_clients // 2) * fn_spec.get("mean_step", 0.0)
@@ -323,6 +353,7 @@ def build_federation(
         clients=clients,
         num_classes=num_classes,
         client_tests=client_tests if client_test_fraction > 0 else None,
+        client_validations=client_validations if client_validation_fraction > 0 else None,
         validation=validation,
         test=test,
         class_names=class_names,

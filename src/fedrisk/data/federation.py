@@ -2,7 +2,8 @@
 
 A :class:`Samples` is a plain bundle of tensors (features ``x``, labels ``y`` and optional
 per-sample attributes such as a sensitive group).  A :class:`Federation` holds one
-``Samples`` per client, optional per-client test splits, and global validation / test sets.
+``Samples`` per client, optional per-client test and validation splits, and global validation /
+test sets.
 
 Example:
     >>> import torch
@@ -110,6 +111,8 @@ class Federation:
         clients: the training samples of each client (client ids are list positions).
         num_classes: the number of label values (2 for binary tasks, labels in {0, 1}).
         client_tests: optional held-out samples of each client (personalised evaluation).
+        client_validations: optional validation samples of each client, drawn from its training
+            rows (personalised model selection; disjoint from ``clients`` and ``client_tests``).
         validation: optional global validation set.
         test: optional global test set.
         class_names: display names of the classes.
@@ -120,6 +123,7 @@ class Federation:
     clients: list[Samples]
     num_classes: int
     client_tests: list[Samples] | None = None
+    client_validations: list[Samples] | None = None
     validation: Samples | None = None
     test: Samples | None = None
     class_names: list[str] | None = None
@@ -130,8 +134,18 @@ class Federation:
             raise ValueError("Federation needs at least one client")
         if self.client_tests is not None and len(self.client_tests) != len(self.clients):
             raise ValueError(f"Federation: {len(self.client_tests)} client test splits for {len(self.clients)} clients")
+        if self.client_validations is not None and len(self.client_validations) != len(self.clients):
+            raise ValueError(
+                f"Federation: {len(self.client_validations)} client validation splits for {len(self.clients)} clients"
+            )
         if self.class_names is None:
             self.class_names = [str(c) for c in range(self.num_classes)]
+
+    def client_splits(self, split: str) -> list[Samples] | None:
+        """The per-client splits named ``split`` (``"test"`` or ``"validation"``), or None."""
+        if split not in ("test", "validation"):
+            raise ValueError(f"Federation.client_splits: unknown split {split!r}; allowed: test, validation")
+        return self.client_tests if split == "test" else self.client_validations
 
     @property
     def num_clients(self) -> int:
@@ -168,6 +182,9 @@ class Federation:
             clients=[c.to(dtype, device) for c in self.clients],
             num_classes=self.num_classes,
             client_tests=None if self.client_tests is None else [c.to(dtype, device) for c in self.client_tests],
+            client_validations=None
+            if self.client_validations is None
+            else [c.to(dtype, device) for c in self.client_validations],
             validation=conv(self.validation),
             test=conv(self.test),
             class_names=self.class_names,

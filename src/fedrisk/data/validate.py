@@ -48,6 +48,8 @@ def check_federation(fed: Federation) -> None:
         check_samples(samples, fed.num_classes, f"client {k} (training data)")
     for k, samples in enumerate(fed.client_tests or []):
         check_samples(samples, fed.num_classes, f"client {k} (test split)")
+    for k, samples in enumerate(fed.client_validations or []):
+        check_samples(samples, fed.num_classes, f"client {k} (validation split)")
     for name in ("validation", "test"):
         split = getattr(fed, name)
         if split is not None:

@@ -5,7 +5,10 @@
     DIR/config.toml        the resolved config (every key, effective values)
     DIR/metrics.jsonl      one JSON object per evaluation: round, metrics, bytes_down,
                            bytes_up (totals so far), wall_time (seconds, across resumes)
-    DIR/summary.json       written when the run finishes: final and best metrics, totals
+    DIR/summary.json       written when the run finishes: final metrics, the metrics at the round
+                           selected on validation (run.select_by), totals, the oracle (best on
+                           every metric, test included: not a result, kept apart)
+    DIR/selected.pt        the model of the validation-selected round (plain tensors; fedrisk evaluate)
     DIR/partition.json     per-client class counts (and partition.md, the same as a table)
     DIR/checkpoint.pt      the latest checkpoint (SHA-256 manifest + torch.save; written atomically)
     DIR/checkpoint.pt.prev the checkpoint before it (the fallback when the latest is damaged)
@@ -45,11 +48,16 @@ PARTITION_JSON = "partition.json"
 PARTITION_MD = "partition.md"
 PLOTS = "plots"
 CLIENT_STATES_DIR = "client_states"  # run.client_states = "disk": one file per client, and snapshots
-OUTPUT_FILES = (CONFIG, METRICS, SUMMARY, CHECKPOINT, CHECKPOINT_PREV, PARTITION_JSON, PARTITION_MD)
+OUTPUT_FILES = (CONFIG, METRICS, SUMMARY, CHECKPOINT, CHECKPOINT_PREV, PARTITION_JSON, PARTITION_MD, "selected.pt")
+OUTPUT_FILES += ("clients.csv", "alpha.csv", "lambda_guide.txt")  # experiment.personal_outputs.PERSONAL_FILES
 """Files a run owns (``--overwrite`` removes exactly these and ``plots/``)."""
 
-RECORD_KEYS = ("round", "bytes_down", "bytes_up", "wall_time")
-"""Keys of a metrics record that are not metrics."""
+RECORD_KEYS = ("round", "bytes_down", "bytes_up", "wall_time", "steps_per_client", "samples_seen")
+"""Keys of a metrics record that are not metrics (budgets spent so far: rounds, bytes, seconds,
+local gradient steps per client and training rows drawn, see ``runner.WorkMeter``)."""
+
+SELECTED_MODEL = "selected.pt"
+"""The parameters of the round selected on validation (``run.select_by``), see ``runner.Selector``."""
 
 
 def outputs_line(path: str | Path) -> str:

@@ -28,7 +28,7 @@ from fedrisk.api import Callback, History
 from fedrisk.runtime.simulation import RoundReport, Simulation
 
 MODES = ("auto", "bar", "plain", "none")
-_NON_METRIC = ("round", "bytes_down", "bytes_up", "wall_time")
+_NON_METRIC = ("round", "bytes_down", "bytes_up", "wall_time", "steps_per_client", "samples_seen")
 
 
 def format_duration(seconds: float | None) -> str:

@@ -3,9 +3,12 @@ checkpoint, resume.
 
 :func:`build_simulation` turns a config into a :class:`~fedrisk.runtime.simulation.Simulation`
 (``build_federation`` -> model -> objective -> algorithm).  :func:`run_experiment` runs it
-through :func:`fedrisk.api.run_simulation` with four callbacks: :class:`TrainMetrics` (the
-round's training metrics into each evaluation record), :class:`MetricsWriter`
-(``metrics.jsonl``), :class:`~fedrisk.experiment.progress.Progress` and :class:`Checkpointer`.
+through :func:`fedrisk.api.run_simulation` with these callbacks: :class:`TrainMetrics` (the
+round's training metrics into each evaluation record),
+:class:`~fedrisk.experiment.selection.WorkMeter` (local steps per client and samples seen),
+:class:`~fedrisk.experiment.selection.Selector` (model selection on validation,
+``run.select_by``: ``DIR/selected.pt``), :class:`MetricsWriter` (``metrics.jsonl``),
+:class:`~fedrisk.experiment.progress.Progress` and :class:`Checkpointer`.
 
 Under the distributed executor (``torchrun ... -m fedrisk run CONFIG --set
 run.executor=distributed``) every process runs this same code: the run directory is checked
@@ -68,6 +71,7 @@ from fedrisk.experiment.checkpoint import (
 from fedrisk.experiment.config import ExperimentConfig, diff_configs
 from fedrisk.experiment.outputs import (
     RECORD_KEYS,
+    SELECTED_MODEL,
     RunDir,
     append_jsonl,
     atomic_torch_save,
@@ -79,11 +83,13 @@ from fedrisk.experiment.outputs import (
 )
 from fedrisk.experiment.progress import Progress
 from fedrisk.experiment.schema import AUTO, NONE, RUN_SEED, algorithm_fields
-from fedrisk.experiment.sections import ONE_OUTPUT_LOSSES, model_options
+from fedrisk.experiment.sections import ONE_OUTPUT_LOSSES, check_select_by, model_options
+from fedrisk.experiment.selection import Selector, WorkMeter, budget, lower_is_better, selected_record
 from fedrisk.experiment.tracking import open_tracking
 from fedrisk.runtime.client_store import DiskClientStates, is_snapshot_ref, snapshot_problem
-from fedrisk.runtime.evaluation import LOWER_IS_BETTER
+from fedrisk.runtime.evaluation import check_client_splits
 from fedrisk.runtime.executor import Executor
+from fedrisk.runtime.norm_stats import with_norm_stats
 from fedrisk.runtime.simulation import RoundReport, Simulation, make_executor
 
 CHECKPOINT_FORMAT = 1
@@ -167,6 +173,7 @@ def build_simulation(
         binarize=data["binarize"],
         client_test_fraction=data["client_test_fraction"],
         validation_fraction=data["validation_fraction"],
+        client_validation_fraction=data["client_validation_fraction"],
         feature_noise=data["feature_noise"],
         label_noise=data["label_noise"],
     )
@@ -196,8 +203,15 @@ def build_simulation(
 
     dtype = {"float32": torch.float32, "float64": torch.float64}[cfg["run.dtype"]]
     init_params = None
+    reset_head = bool(cfg.section("model").get("reset_head", False))
+    if reset_head and not cfg["run.init_from"]:
+        raise FedriskError("model.reset_head = true needs run.init_from (the model whose head it replaces)")
     if cfg["run.init_from"]:  # e.g. the two-stage recipe: cross-entropy pre-training, then CODASCA
-        init_params = load_init_params(cfg["run.init_from"], algorithm.init_params(torch.Generator()))
+        from fedrisk.rng import generator
+
+        fresh = algorithm.init_params(generator(seed, "init"))  # what the run would start from
+        head = algorithm.model.head_names() if reset_head else ()  # type: ignore[attr-defined]
+        init_params = load_init_params(cfg["run.init_from"], fresh, reset=head)
     run_executor = executor if executor is not None else make_executor(cfg["run.executor"])
     if cfg["run.client_states"] == "disk" and run_executor.name == "distributed":
         raise FedriskError(
@@ -252,7 +266,8 @@ def build_algorithm(
     fields = algorithm_fields(cls)
     model_cfg = cfg.section("model")
     module = build_model(model_cfg["name"], input_shape, num_outputs, **model_options(model_cfg))
-    model = FunctionalModel(module)
+    norm_stats = model_cfg.get("norm_stats", AUTO)
+    model = FunctionalModel(module, norm_stats=None if norm_stats == AUTO else norm_stats)
 
     kwargs: dict[str, Any] = {k: alg_cfg[k] for k in fields.hyper}
     kwargs["model"] = model
@@ -268,7 +283,7 @@ def build_algorithm(
             alg_cfg.get("server_optimizer", "sgd"),
         )
     try:
-        return cls(**kwargs), module
+        return with_norm_stats(cls(**kwargs)), module
     except FedriskError as exc:
         raise FedriskError(f"[algorithm] {alg_cfg['name']}: {exc}") from None
 
@@ -277,11 +292,14 @@ MODEL_FILE = "model.pt"
 """A finished run's global model parameters (``algorithm.global_params``), for ``run.init_from``."""
 
 
-def load_init_params(source: str, expected: Any) -> Any:
-    """The model parameters stored by a finished run (``<dir>/model.pt``) or in a ``.pt`` file,
-    checked against the parameter tree ``expected`` (names and shapes); an AUC-family run's
-    ``{"model", "a", "b", "alpha"}`` contributes its ``"model"``.  Read with
-    ``torch.load(..., weights_only=True)`` (tensors and containers only).
+def load_init_params(source: str, expected: Any, reset: Sequence[str] = ()) -> Any:
+    """The model parameters stored by a finished run (``<dir>/model.pt``) or in a ``.pt`` file
+    (e.g. a ``state_dict`` of the same architecture), checked against the parameter tree
+    ``expected`` (names and shapes; the offending tensor is named); an AUC-family run's
+    ``{"model", "a", "b", "alpha"}`` contributes its ``"model"``, and a ``state_dict``'s
+    ``num_batches_tracked`` counters are ignored.  The names in ``reset`` (``model.reset_head``:
+    the last layer) keep ``expected``'s values and may differ in shape (a new head for a new
+    task).  Read with ``torch.load(..., weights_only=True)`` (tensors and containers only).
 
     Example:
         >>> import tempfile
@@ -290,6 +308,9 @@ def load_init_params(source: str, expected: Any) -> Any:
         >>> torch.save({"model": {"w": torch.ones(2)}, "alpha": torch.zeros(())}, path)
         >>> load_init_params(str(path), {"w": torch.zeros(2)})
         {'w': tensor([1., 1.])}
+        >>> torch.save({"w": torch.ones(2), "head": torch.ones(10)}, path)
+        >>> load_init_params(str(path), {"w": torch.zeros(2), "head": torch.zeros(1)}, reset=["head"])
+        {'w': tensor([1., 1.]), 'head': tensor([0.])}
     """
     path = Path(source)
     if path.is_dir():
@@ -307,15 +328,26 @@ def load_init_params(source: str, expected: Any) -> Any:
         tree = tree["model"]
     if not isinstance(expected, Mapping) or not isinstance(tree, Mapping):
         raise FedriskError(f"run.init_from: {path} holds {type(tree).__name__}, not a mapping of parameter names")
-    got = {k: tuple(v.shape) for k, v in tree.items() if isinstance(v, torch.Tensor)}
-    want = {k: tuple(v.shape) for k, v in expected.items()}
-    if got != want:
-        diff = sorted(set(got.items()) ^ set(want.items()))
+    got = {
+        k: tuple(v.shape)
+        for k, v in tree.items()
+        if isinstance(v, torch.Tensor) and not str(k).endswith("num_batches_tracked") and k not in reset
+    }
+    want = {k: tuple(v.shape) for k, v in expected.items() if k not in reset}
+    hint = "build the same model (model.* keys, num_outputs) as the run it comes from"
+    for k in want:
+        if k in got and got[k] != want[k]:
+            raise FedriskError(
+                f"run.init_from: tensor {k!r} has shape {list(got[k])} in {path} but {list(want[k])} in this model; "
+                + (f"{hint}, or set model.reset_head = true if it is the head" if not reset else hint)
+            )
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    if missing or extra:
         raise FedriskError(
-            f"run.init_from: the parameters in {path} do not fit this model (name, shape differ: {diff[:6]}); "
-            "build the same model (model.* keys, num_outputs) as the run it comes from"
+            f"run.init_from: the parameters in {path} do not fit this model (missing: {missing[:4]}, "
+            f"not in this model: {extra[:4]}); {hint}"
         )
-    return {k: tree[k].to(expected[k].dtype) for k in want}
+    return {k: expected[k] if k in reset else tree[k].to(expected[k].dtype) for k in expected}
 
 
 def wants_scorer(cls: type, num_classes: int) -> bool:
@@ -469,8 +501,10 @@ class Checkpointer(Callback):
         elapsed: Any,
         agree: Callable[[bool], bool] | None = None,
         seconds: float = 0.0,
+        extra: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.path = path
+        self.extra = extra
         self.seconds = seconds
         self._last = time.monotonic()
         self.agree = agree
@@ -510,11 +544,19 @@ class Checkpointer(Callback):
         self._last = time.monotonic()
         if not sim.executor.is_primary:
             return
-        save_checkpoint(self.path, sim, self.config, self.history, self.elapsed())
+        save_checkpoint(self.path, sim, self.config, self.history, self.elapsed(), self.extra() if self.extra else None)
 
 
-def save_checkpoint(path: Path, sim: Simulation, config: Mapping[str, Any], history: History, elapsed: float) -> None:
-    """Write the checkpoint of ``sim`` atomically (see the module docstring for its content)."""
+def save_checkpoint(
+    path: Path,
+    sim: Simulation,
+    config: Mapping[str, Any],
+    history: History,
+    elapsed: float,
+    extra: Mapping[str, Any] | None = None,
+) -> None:
+    """Write the checkpoint of ``sim`` atomically (see the module docstring for its content);
+    ``extra`` adds the run's own bookkeeping (the work counters, the selected model)."""
     state = sim.state_dict()  # client states on disk: a snapshot of linked files, not loaded
     disk = isinstance(sim.client_states, DiskClientStates)
     if not disk:
@@ -530,6 +572,7 @@ def save_checkpoint(path: Path, sim: Simulation, config: Mapping[str, Any], hist
             "history": [dict(r) for r in history.records],
             "elapsed": float(elapsed),
             "rng": pack_global_rng(),
+            **dict(extra or {}),
         },
         format=CHECKPOINT_FORMAT,
         round=sim.round,
@@ -716,6 +759,25 @@ def _run(
 
     rounds = cfg["run.rounds"]
     show.elapsed_before = elapsed_before
+    metrics = cfg["run.metrics"] or resolve_metrics(sim, None)
+    select_key = check_select_by(cfg["run.select_by"], cfg.section("data"), metrics)
+    splits = list(cfg["run.splits"])
+    if select_key.startswith("validation_") and not select_key.startswith("validation_personal_"):
+        splits += [] if "validation" in splits else ["validation"]  # selection needs it evaluated
+    check_client_splits(sim.federation, metrics, splits)
+    work = WorkMeter()
+    selector = Selector(select_key, rd.path / SELECTED_MODEL, primary) if select_key else None
+    if ckpt is not None:
+        work.load_state_dict(ckpt.get("work"), history.records)
+        if selector is not None:
+            selector.load_state_dict(ckpt.get("selected"), history.records)
+
+    def extra() -> dict[str, Any]:
+        out: dict[str, Any] = {"work": work.state_dict()}
+        if selector is not None:
+            out["selected"] = selector.state_dict()
+        return out
+
     checkpointer = Checkpointer(
         rd.checkpoint,
         cfg.semantic(),
@@ -727,11 +789,17 @@ def _run(
         show.elapsed,
         agree=executor.any_rank,
         seconds=cfg["run.checkpoint_seconds"],
+        extra=extra,
     )
-    callbacks: list[Callback] = [TrainMetrics()]
+    callbacks: list[Callback] = [TrainMetrics(), work]
+    if selector is not None:
+        callbacks.append(selector)
     tracking = None
     if primary:
         callbacks.append(MetricsWriter(rd.metrics))
+        from fedrisk.experiment.personal_outputs import personal_callbacks  # clients.csv, alpha.csv
+
+        callbacks += personal_callbacks(rd.path, stream=None if show.mode == "none" else show.stream)
         tracking = open_tracking(cfg, rd.path, seed=seed, resume_round=None if ckpt is None else sim.round)
         if tracking is not None:  # TensorBoard / MLflow ([output] tensorboard, mlflow)
             callbacks.append(tracking)
@@ -743,8 +811,8 @@ def _run(
             rounds,
             eval_every=cfg["run.eval_every"],
             eval_at_start=cfg["run.eval_at_start"],
-            metrics=cfg["run.metrics"] or resolve_metrics(sim, None),
-            splits=cfg["run.splits"],
+            metrics=metrics,
+            splits=splits,
             callbacks=callbacks,
             history=history,
             elapsed_before=elapsed_before,
@@ -757,7 +825,7 @@ def _run(
         if tracking is not None:
             tracking.close(finished)
     checkpointer.save(sim)
-    summary = make_summary(cfg, built.resolved, sim, history)
+    summary = make_summary(cfg, built.resolved, sim, history, select_key)
     if primary:
         params = sim.algorithm.global_params(sim.server_state)
         if params is not None:  # what run.init_from of a later run reads
@@ -802,16 +870,24 @@ def best_values(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any
     return best
 
 
-def lower_is_better(metric: str) -> bool:
-    """``test_log_loss`` -> True (losses are minimised), ``test_accuracy`` -> False."""
-    return any(metric.endswith(name) or f"_{name}_" in metric for name in LOWER_IS_BETTER)
-
-
 def make_summary(
-    cfg: ExperimentConfig, resolved: Mapping[str, Any], sim: Simulation, history: History
+    cfg: ExperimentConfig,
+    resolved: Mapping[str, Any],
+    sim: Simulation,
+    history: History,
+    select_key: str = "",
 ) -> dict[str, Any]:
     last = history.records[-1] if history.records else {}
-
+    chosen = selected_record(history.records, select_key)
+    selected = None
+    if chosen is not None:
+        selected = {
+            "round": chosen["round"],
+            "selected_by": select_key,
+            "value": chosen.get(select_key, chosen.get("global_" + select_key)),
+            "metrics": {k: v for k, v in chosen.items() if k not in RECORD_KEYS},
+            "budget": budget(chosen),
+        }
     return {
         "status": "finished",
         "fedrisk_version": fedrisk.__version__,
@@ -821,8 +897,11 @@ def make_summary(
         "rounds": sim.round,
         "evaluations": len(history.records),
         "final": {k: v for k, v in last.items() if k not in RECORD_KEYS},
-        "best": best_values(history.records),
-        "best_round": best_round(history.records),  # personalised runs: every client statistic at one round
+        "selected": selected,  # the round chosen on validation (run.select_by); None without selection
+        "budget": budget(last),
+        # the best of every metric over the rounds, test included: an oracle, not a result
+        "oracle": best_values(history.records),
+        "oracle_round": best_round(history.records),  # personalised runs: every client statistic at one round
         "bytes_down": sim.ledger.total_down,
         "bytes_up": sim.ledger.total_up,
         "wall_time": last.get("wall_time"),

@@ -30,7 +30,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 
 from pydantic_core import PydanticUndefined
@@ -109,6 +109,13 @@ class Data(Section):
     validation_fraction: float = key(
         0.0, "share of the training set held out as the global validation set", ge=0.0, lt=1.0
     )
+    client_validation_fraction: float = key(  # issue 24
+        0.0,
+        "share of each client's training rows (after its test split) held out as its personal validation set "
+        "(stratified, seeded by the run's seed)",
+        ge=0.0,
+        lt=1.0,
+    )
     dataset_options: dict[str, Any] = key(
         {}, "options of the dataset loader (checked against it; `fedrisk list datasets`)"
     )
@@ -127,6 +134,13 @@ class Data(Section):
 class Model(Section):
     name: Annotated[str, OneOf("models")] = key("logreg", "model name (its options go beside it, e.g. hidden = [64])")
     num_outputs: int | str = key(AUTO, '"auto" (classes, or 1 for one-output objectives / scorers) or an integer')
+    # -- issue 30: BatchNorm running statistics, the two-stage recipe's new head
+    norm_stats: Annotated[str, OneOf((AUTO, "averaged", "local", "frozen"))] = key(
+        AUTO,
+        'BatchNorm running statistics: "averaged" (the default for models with BatchNorm), "local" (FedBN) '
+        'or "frozen"; "auto" = averaged, or none for models without BatchNorm',
+    )
+    reset_head: bool = key(False, "re-initialise the last layer after run.init_from (pre-train, new head)")
 
 
 class Objective(Section):
@@ -179,6 +193,13 @@ class Run(Section):
     eval_at_start: bool = key(False, "also evaluate the initial model (round 0)")
     metrics: list[str] = key([], "metric names; [] = accuracy/log_loss, or auroc/auprc for one-output binary models")
     splits: Annotated[list[str], OneOf(SPLITS)] = key(["test"], "global splits to evaluate on")
+    select_by: str = key(  # issue 24
+        AUTO,
+        'the validation metric that selects the reported round and the saved model: "validation_<metric>", '
+        '"personal_<metric>_<stat>" (each client\'s own validation split), "none", or "auto" = validation_<first '
+        "metric> with a validation split, else personal_<first metric>_mean with per-client validation splits, "
+        "else none",
+    )
     dtype: Annotated[str, OneOf(DTYPES)] = key("float32", "floating dtype of data and parameters")
     on_client_failure: Annotated[str, OneOf(FAILURE_POLICIES)] = key(
         "raise", "a failing / NaN client stops the run or is skipped"
@@ -554,6 +575,58 @@ def resolve_attack(
 # ----------------------------------------------------------------------------- [run], [sweep]
 
 
+CLIENT_STATS = ("mean", "wmean", "std", "bottom10", "worst")
+"""The per-client summaries of ``fedrisk.runtime.evaluation`` (kept here: no torch import)."""
+
+
+def check_select_by(select_by: str, data: Mapping[str, Any], metrics: Sequence[str] = ()) -> str:
+    """The record key that ``run.select_by`` selects on (``""`` for none), checked against the
+    data's validation splits and, when given, the evaluated ``metrics`` (issue 24).
+
+    ``personal_<metric>_<stat>`` names the per-client validation summaries
+    (``validation_personal_<metric>_<stat>``); a ``test_*`` or training metric is refused.
+
+    Example:
+        >>> check_select_by("personal_auroc_mean", {"validation_fraction": 0.0, "client_validation_fraction": 0.2})
+        'validation_personal_auroc_mean'
+        >>> check_select_by("auto", {"validation_fraction": 0.1, "client_validation_fraction": 0.0}, ["auroc"])
+        'validation_auroc'
+    """
+    glob, per_client = data["validation_fraction"] > 0, data.get("client_validation_fraction", 0.0) > 0
+    if select_by == NONE or (select_by == AUTO and not metrics):
+        return ""
+    if select_by == AUTO:
+        if glob:
+            return f"validation_{metrics[0]}"
+        return f"validation_personal_{metrics[0]}_mean" if per_client else ""
+    key = "validation_" + select_by if select_by.startswith("personal_") else select_by
+    personal = key.startswith("validation_personal_")
+    stat = key.rsplit("_", 1)[-1]
+    if not key.startswith("validation_") or (personal and stat not in CLIENT_STATS):
+        raise FedriskError(
+            f'run.select_by = {select_by!r} is not a validation metric; allowed: "validation_<metric>", '
+            f'"personal_<metric>_<stat>" (stat: {", ".join(CLIENT_STATS)}), "auto" or "none" (selecting on '
+            "test data would report an oracle)"
+        )
+    if personal and not per_client:
+        raise FedriskError(
+            f"run.select_by = {select_by!r} needs per-client validation splits but data.client_validation_fraction "
+            "= 0.0; allowed: set data.client_validation_fraction in (0, 1), or select on validation_<metric>"
+        )
+    if not personal and not glob:
+        raise FedriskError(
+            f"run.select_by = {select_by!r} needs a validation split but data.validation_fraction = 0.0; "
+            'allowed: set data.validation_fraction in (0, 1), or run.select_by = "none"'
+        )
+    metric = key.removeprefix("validation_personal_").rsplit("_", 1)[0] if personal else key[len("validation_") :]
+    if metrics and metric not in metrics:
+        raise FedriskError(
+            f"run.select_by = {select_by!r}: metric {metric!r} is not evaluated on validation; evaluated: "
+            f"{', '.join(metrics)} (add it to run.metrics)"
+        )
+    return key
+
+
 def resolve_run(table: Mapping[str, Any], data: Mapping[str, Any] | None, problems: list[str]) -> dict[str, Any] | None:
     from fedrisk.metrics import parse_metric
 
@@ -570,6 +643,11 @@ def resolve_run(table: Mapping[str, Any], data: Mapping[str, Any] | None, proble
             'run.splits includes "validation" but data.validation_fraction = 0.0; allowed: set '
             'data.validation_fraction in (0, 1) or evaluate on ["test"] only'
         )
+    if data is not None:
+        try:
+            check_select_by(out["select_by"], data, out["metrics"])  # issue 24
+        except FedriskError as exc:
+            problems.append(str(exc))
     if len(set(out["seeds"])) != len(out["seeds"]) or any(s < 0 for s in out["seeds"]):
         problems.append(f"run.seeds = {format_value(out['seeds'])} is not allowed; allowed: distinct integers >= 0")
     return out

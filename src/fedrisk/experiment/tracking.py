@@ -13,7 +13,8 @@ copy for the tools researchers already watch.  Both are off by default and need 
 What is logged:
 
 * every numeric value of every evaluation record (metrics, ``train_*``, ``bytes_down``,
-  ``bytes_up``, ``wall_time``) as a scalar at step = the record's round;
+  ``bytes_up``, ``wall_time``, ``steps_per_client``, ``samples_seen``) as a scalar at step = the
+  record's round;
 * the resolved config: TensorBoard gets it as the text summary ``config`` (the TOML of
   ``DIR/config.toml``); MLflow gets every dotted key as a parameter and the TOML as the artifact
   ``config.toml``; the MLflow run is named after the run directory and tagged with

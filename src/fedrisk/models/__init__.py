@@ -1,4 +1,5 @@
-"""Models: the BatchNorm-free model zoo and the functional (parameter-dict) interface.
+"""Models: the model zoo (with the papers' ResNet-18 / ResNet-20 / DenseNet-121) and the
+functional (parameter-dict) interface, BatchNorm running statistics included.
 
 Example:
     >>> import torch
@@ -9,7 +10,9 @@ Example:
 """
 
 import fedrisk.models.games  # noqa: F401  (registers affine_generator, vector)
+from fedrisk.models.densenet import DenseNet, densenet121
 from fedrisk.models.functional import FunctionalModel, Params, flatten, stack_params, unflatten
+from fedrisk.models.resnet import ResNet18, resnet18
 from fedrisk.models.zoo import (
     MLP,
     MODELS,
@@ -24,13 +27,17 @@ __all__ = [
     "MLP",
     "MODELS",
     "OUTPUT_ACTIVATIONS",
+    "DenseNet",
     "FessCNN",
     "FunctionalModel",
     "LogReg",
     "Params",
+    "ResNet18",
     "ResNet20",
     "build_model",
+    "densenet121",
     "flatten",
+    "resnet18",
     "stack_params",
     "unflatten",
 ]

@@ -1,8 +1,11 @@
-"""The model zoo: small BatchNorm-free networks, built by name from :data:`MODELS`.
+"""The model zoo: networks built by name from :data:`MODELS`.
 
 Every model maps an input batch ``[N, *input_shape]`` to ``[N, num_outputs]`` (so a one-output
-scorer gives ``[N, 1]``), keeps no running statistics (GroupNorm or no normalisation), and
-works with ``torch.func.functional_call`` and ``torch.func.vmap`` (see
+scorer gives ``[N, 1]``).  The small ones here keep no running statistics (GroupNorm or no
+normalisation); ``resnet20(norm="batch")``, ``resnet18`` (:mod:`fedrisk.models.resnet`) and
+``densenet121`` (:mod:`fedrisk.models.densenet`) have BatchNorm, whose running statistics
+are federated state (:mod:`fedrisk.runtime.norm_stats`).  All work with
+``torch.func.functional_call`` and ``torch.func.vmap`` (see
 :class:`fedrisk.models.functional.FunctionalModel`).  Inputs may also arrive flattened
 (``[N, prod(input_shape)]``): image models reshape them to ``[N, C, H, W]``.
 
@@ -240,15 +243,19 @@ class _PadShortcut(nn.Module):
         return F.pad(x, (0, 0, 0, 0, self.extra // 2, self.extra - self.extra // 2))
 
 
-class BasicBlock(nn.Module):
-    """Two 3x3 conv + GroupNorm layers with a residual connection."""
+def _norm(norm: str, groups: int, channels: int) -> nn.Module:
+    return nn.BatchNorm2d(channels) if norm == "batch" else nn.GroupNorm(groups, channels)
 
-    def __init__(self, c_in: int, c_out: int, stride: int, groups: int, shortcut: str) -> None:
+
+class BasicBlock(nn.Module):
+    """Two 3x3 conv + GroupNorm (or BatchNorm) layers with a residual connection."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int, groups: int, shortcut: str, norm: str = "group") -> None:
         super().__init__()
         self.conv1 = _conv3x3(c_in, c_out, stride)
-        self.norm1 = nn.GroupNorm(groups, c_out)
+        self.norm1 = _norm(norm, groups, c_out)
         self.conv2 = _conv3x3(c_out, c_out)
-        self.norm2 = nn.GroupNorm(groups, c_out)
+        self.norm2 = _norm(norm, groups, c_out)
         self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or c_in != c_out:
             if shortcut == "pad":
@@ -256,7 +263,7 @@ class BasicBlock(nn.Module):
             else:
                 self.shortcut = nn.Sequential(
                     nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False),
-                    nn.GroupNorm(groups, c_out),
+                    _norm(norm, groups, c_out),
                 )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -266,7 +273,8 @@ class BasicBlock(nn.Module):
 
 
 class ResNet20(_ZooModel):
-    """CIFAR ResNet-20 (He et al. 2016) with GroupNorm instead of BatchNorm.
+    """CIFAR ResNet-20 (He et al. 2016) with GroupNorm (default) or the paper's BatchNorm
+    (``norm="batch"``).
 
     A 3x3 conv stem (16 channels), three stages of three :class:`BasicBlock` with 16 / 32 /
     64 channels (stride 2 at the start of stages 2 and 3), global average pooling and a
@@ -281,15 +289,16 @@ class ResNet20(_ZooModel):
         num_groups: int = 2,
         shortcut: str = "pad",
         output_activation: str | None = None,
+        norm: str = "group",
     ) -> None:
         super().__init__(input_shape, output_activation)
-        self.stem = nn.Sequential(_conv3x3(input_shape[0], 16), nn.GroupNorm(num_groups, 16), nn.ReLU())
+        self.stem = nn.Sequential(_conv3x3(input_shape[0], 16), _norm(norm, num_groups, 16), nn.ReLU())
         blocks: list[nn.Module] = []
         c_in = 16
         for stage, c_out in enumerate((16, 32, 64)):
             for i in range(3):
                 stride = 2 if stage > 0 and i == 0 else 1
-                blocks.append(BasicBlock(c_in, c_out, stride, num_groups, shortcut))
+                blocks.append(BasicBlock(c_in, c_out, stride, num_groups, shortcut, norm))
                 c_in = c_out
         self.blocks = nn.Sequential(*blocks)
         self.head = nn.Linear(64, num_outputs)
@@ -375,7 +384,7 @@ def cnn(
     return FessCNN(shape, _check_outputs(num_outputs, "cnn"), channels, hidden, output_activation)
 
 
-@MODELS.register("resnet20", "CIFAR ResNet-20 with GroupNorm (options: num_groups, shortcut)")
+@MODELS.register("resnet20", "CIFAR ResNet-20, GroupNorm or BatchNorm (options: norm, num_groups, shortcut)")
 def resnet20(
     input_shape: Sequence[int],
     num_outputs: int,
@@ -383,9 +392,11 @@ def resnet20(
     num_groups: int = 2,
     shortcut: str = "pad",
     output_activation: str | None = None,
+    norm: str = "group",
 ) -> nn.Module:
-    """Build :class:`ResNet20`; ``num_groups`` must divide 16 (1, 2, 4, 8 or 16) and
-    ``shortcut`` is ``"pad"`` (option A, default) or ``"conv"`` (option B).
+    """Build :class:`ResNet20`; ``num_groups`` must divide 16 (1, 2, 4, 8 or 16),
+    ``shortcut`` is ``"pad"`` (option A, default) or ``"conv"`` (option B) and ``norm`` is
+    ``"group"`` (default) or ``"batch"`` (the paper's BatchNorm, with running statistics).
 
     Example:
         >>> sum(p.numel() for p in resnet20((3, 32, 32), 10).parameters())
@@ -399,8 +410,10 @@ def resnet20(
         )
     if shortcut not in ("pad", "conv"):
         raise unknown_name("resnet20 shortcut", str(shortcut), ["pad", "conv"])
+    if norm not in ("group", "batch"):
+        raise unknown_name("resnet20 norm", str(norm), ["group", "batch"])
     outputs = _check_outputs(num_outputs, "resnet20")
-    return ResNet20(shape, outputs, num_groups, shortcut, output_activation)
+    return ResNet20(shape, outputs, num_groups, shortcut, output_activation, norm)
 
 
 def build_model(name: str, input_shape: Sequence[int], num_outputs: int, **options: Any) -> nn.Module:

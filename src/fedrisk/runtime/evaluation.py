@@ -1,24 +1,38 @@
 """Evaluation of a run's models with the metrics of :mod:`fedrisk.metrics`.
 
 * the global model (``Algorithm.global_params``) on a global split (``test`` / ``validation``),
-  reported as ``"{split}_{metric}"``;
+  reported as ``"{split}_{metric}"`` — or ``"global_{split}_{metric}"`` for a personalised
+  algorithm (``Algorithm.personalized``), whose result is its personal models, not the
+  global model it keeps on the way (PERM's w, Ditto's server model);
 * personalised models (``Algorithm.personal_params``: client k's own model) on each client's
   own test split, summarised over clients (:func:`client_summary`) as
   ``"personal_{metric}_{stat}"`` with stat ``mean`` (unweighted over clients), ``wmean``
-  (weighted by the clients' test sizes), ``std`` (population std over clients), ``bottom10``
-  (the mean of the worst 10% of clients, at least one) and ``worst``.
+  (weighted by the clients' split sizes), ``std`` (population std over clients), ``bottom10``
+  (the mean of the worst 10% of clients, at least one) and ``worst``.  A personalised
+  algorithm's record lists these first (they are its headline) and names its global model's
+  metrics ``global_{split}_{metric}``.  With ``client_rows`` (a list), :func:`evaluate` also
+  appends one row per client (client, test samples, each metric): what ``clients.csv`` of a
+  run holds;
+* the same on each client's own validation split (``data.client_validation_fraction``) as
+  ``"validation_personal_{metric}_{stat}"``: every key measured on validation data starts with
+  ``validation_``, which is what model selection (``run.select_by``) may read.
+
+A metric that needs both classes (AUROC, partial AUROCs) or positives (AUPRC) on a per-client
+split that lacks them is refused before the run by :func:`check_client_splits`, naming the
+client.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 from fedrisk.algorithms.base import Algorithm
 from fedrisk.data.federation import Federation, Samples
+from fedrisk.errors import FedriskError
 from fedrisk.metrics import log_loss, parse_metric
 from fedrisk.tree import Tree
 
@@ -86,6 +100,65 @@ def score_split(algorithm: Algorithm, params: Tree, split: Samples, metrics: Seq
     return out
 
 
+PERSONAL_PREFIX = {"test": "personal_", "validation": "validation_personal_"}
+"""Record-key prefix of the per-client summaries on each client's own test / validation split."""
+
+
+def needs_classes(metric: str) -> tuple[int, ...]:
+    """The label values a binary metric needs present in a split: ``(0, 1)`` for AUROC and the
+    partial AUROCs, ``(1,)`` for AUPRC, ``()`` otherwise.
+
+    Example:
+        >>> needs_classes("auroc"), needs_classes("spauroc:0.3"), needs_classes("auprc"), needs_classes("accuracy")
+        ((0, 1), (0, 1), (1,), ())
+    """
+    kind = metric.partition(":")[0]
+    if kind in ("auroc", "pauroc", "spauroc", "tpauroc"):
+        return (0, 1)
+    return (1,) if kind == "auprc" else ()
+
+
+def check_client_splits(federation: Federation, metrics: Sequence[str], splits: Sequence[str] = ()) -> None:
+    """Refuse per-client test / validation splits (and the global ``splits`` evaluated) that
+    lack a class one of ``metrics`` needs (see :func:`needs_classes`), naming the client, before
+    a run spends any time.
+
+    Example:
+        >>> import torch
+        >>> s = Samples(torch.zeros(4, 1), torch.tensor([0, 1, 0, 0]))
+        >>> fed = Federation("toy", [s, s], 2, client_validations=[s.subset([0, 1]), s.subset([2, 3])])
+        >>> check_client_splits(fed, ["accuracy"])
+        >>> check_client_splits(fed, ["auroc"])  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        fedrisk.errors.FedriskError: client 1's validation split (2 rows) has no label 1, which metric 'auroc' ...
+    """
+    if federation.num_classes != 2:
+        return
+    for split in ("validation", "test"):
+        named = [
+            (f"client {k}'s {split} split", p, f"data.client_{split}_fraction")
+            for k, p in enumerate(federation.client_splits(split) or [])
+        ]
+        glob = getattr(federation, split) if split in splits else None
+        if glob is not None:
+            named.insert(
+                0, (f"the {split} set", glob, "data.validation_fraction" if split == "validation" else "the test set")
+            )
+        for where, part, fix in named:
+            if len(part) == 0 or part.y.is_floating_point():
+                continue
+            present = set(part.y.reshape(-1).long().unique().tolist())
+            for m in metrics:
+                missing = [c for c in needs_classes(m) if c not in present]
+                if missing:
+                    raise FedriskError(
+                        f"{where} ({len(part)} rows) has no label {missing[0]}, which metric {m!r} needs; allowed: "
+                        f"splits holding both classes (a larger {fix}, or a partition that gives every client both "
+                        "classes), or metrics without that need (accuracy, log_loss)"
+                    )
+
+
 def evaluate(
     algorithm: Algorithm,
     server_state: Tree,
@@ -94,36 +167,87 @@ def evaluate(
     metrics: Sequence[str],
     splits: Sequence[str] = ("test",),
     personal: bool | None = None,
+    client_rows: list[dict[str, float]] | None = None,
+    params: Tree | None = None,
 ) -> dict[str, float]:
     """All requested metrics for the global model on ``splits`` and, when the federation has
-    per-client test splits (and ``personal`` is not False), for every client's own model
-    (``personal_params``: the global model for non-personalised algorithms)."""
+    per-client test / validation splits (and ``personal`` is not False), for every client's own
+    model (``personal_params``: the global model for non-personalised algorithms) on its own
+    test and validation splits.  Personalised algorithms report the global model as
+    ``global_{split}_{metric}``, after the personal metrics; ``client_rows`` (when given)
+    receives the per-client test values; ``params`` replaces the global model."""
     out: dict[str, float] = {}
-    params = algorithm.global_params(server_state)
+    # every algorithm is scored per client when the federation has per-client splits: a global
+    # model's per-client scores are the reference that personalised methods are compared to
+    personal = True if personal is None else personal
+    if personal:
+        params_of = lambda k: algorithm.personal_params(server_state, client_states[k], k)  # noqa: E731
+        for split in ("test", "validation"):
+            parts = federation.client_splits(split)
+            if parts is not None:
+                rows = client_rows if split == "test" else None
+                out.update(_per_client(algorithm, params_of, parts, metrics, PERSONAL_PREFIX[split], rows))
+    prefix = "global_" if getattr(algorithm, "personalized", False) else ""
+    if params is None:
+        params = algorithm.global_params(server_state)
     if params is not None:
         for name in splits:
             split = getattr(federation, name)
             if split is not None:
                 for m, v in score_split(algorithm, params, split, metrics).items():
-                    out[f"{name}_{m}"] = v
+                    out[f"{prefix}{name}_{m}"] = v
     state_metrics = getattr(algorithm, "state_metrics", None)
     if state_metrics is not None:
         out.update(state_metrics(server_state, federation))
-    # every algorithm is scored per client when the federation has per-client test splits: a
-    # global model's per-client scores are the reference that personalised methods are compared to
-    personal = True if personal is None else personal
-    if personal and federation.client_tests is not None:
-        per_client: dict[str, list[float]] = {m: [] for m in metrics}
-        sizes: list[int] = []
-        for k, test in enumerate(federation.client_tests):
-            if len(test) == 0:
-                continue
-            p = algorithm.personal_params(server_state, client_states[k], k)
-            for m, v in score_split(algorithm, p, test, metrics).items():
-                per_client[m].append(v)
-            sizes.append(len(test))
-        for m, vals in per_client.items():
-            if vals:
-                for stat, v in client_summary(vals, sizes, m in LOWER_IS_BETTER).items():
-                    out[f"personal_{m}_{stat}"] = v
+    if not prefix:  # a global model's own metrics first, as before
+        out = {**{k: v for k, v in out.items() if "personal_" not in k}, **out}
+    return out
+
+
+def score_model(
+    algorithm: Algorithm,
+    federation: Federation,
+    metrics: Sequence[str],
+    split: str,
+    params: Tree | None,
+    personal: Sequence[Tree] | None = None,
+) -> dict[str, float]:
+    """A saved model's scores on ``split`` (``"test"`` / ``"validation"``): the global
+    ``params`` on the federation's global split, and per client (``personal[k]``, or ``params``
+    when None) on the client's own split, with the keys :func:`evaluate` uses."""
+    out: dict[str, float] = {}
+    glob = getattr(federation, split)
+    if params is not None and glob is not None:
+        out.update({f"{split}_{m}": v for m, v in score_split(algorithm, params, glob, metrics).items()})
+    parts = federation.client_splits(split)
+    if parts is not None:
+        pick = (lambda k: personal[k]) if personal is not None else (lambda k: params)
+        out.update(_per_client(algorithm, pick, parts, metrics, PERSONAL_PREFIX[split]))
+    return out
+
+
+def _per_client(
+    algorithm: Algorithm,
+    params_of: Callable[[int], Tree],
+    parts: Sequence[Samples],
+    metrics: Sequence[str],
+    prefix: str,
+    client_rows: list[dict[str, float]] | None = None,
+) -> dict[str, float]:
+    per_client: dict[str, list[float]] = {m: [] for m in metrics}
+    sizes: list[int] = []
+    for k, part in enumerate(parts):
+        if len(part) == 0:
+            continue
+        scores = score_split(algorithm, params_of(k), part, metrics)
+        for m, v in scores.items():
+            per_client[m].append(v)
+        sizes.append(len(part))
+        if client_rows is not None:
+            client_rows.append({"client": k, "test_samples": len(part), **scores})
+    out: dict[str, float] = {}
+    for m, vals in per_client.items():
+        if vals:
+            for stat, v in client_summary(vals, sizes, m in LOWER_IS_BETTER).items():
+                out[f"{prefix}{m}_{stat}"] = v
     return out

@@ -35,6 +35,7 @@ from fedrisk.errors import FedriskError, unknown_name
 from fedrisk.rng import generator, server_generator
 from fedrisk.runtime.executor import ClientFailure, Executor
 from fedrisk.runtime.ledger import CommLedger
+from fedrisk.runtime.norm_stats import with_norm_stats
 from fedrisk.tree import Tree, tree_all_finite, tree_nbytes, tree_to
 
 FAILURE_POLICIES = ("raise", "skip")
@@ -118,6 +119,7 @@ class Simulation:
         if int(min_replies) < 1:
             raise FedriskError(f"min_replies = {min_replies} is out of range; allowed: an integer >= 1")
         self.min_replies = int(min_replies)
+        algorithm = with_norm_stats(algorithm)  # BatchNorm running statistics as federated state
         bad = [k for k in byzantine if not 0 <= k < federation.num_clients]
         if bad:
             raise FedriskError(f"byzantine client ids {bad} out of range [0, {federation.num_clients - 1}]")
@@ -135,10 +137,19 @@ class Simulation:
         algorithm.check(self.info)
         self.data = [local_data(s) for s in self.federation.clients]
         algorithm.check_data(self.info, self.data)
+        if attack is not None:  # adaptive attacks read the defence; every attack checks the breakdown point
+            attack.prepare(algorithm, self.info, self.byzantine)
         self.executor = make_executor(executor)
         self.executor.prepare(algorithm, self.data)
         ctx = RoundContext(0, self.info, "init")
-        params = init_params if init_params is not None else algorithm.init_params(generator(seed, "init"))
+        if init_params is None:
+            params = algorithm.init_params(generator(seed, "init"))
+        else:
+            model = getattr(algorithm, "model", None)
+            if model is not None and hasattr(model, "init_params"):  # names and shapes checked
+                stats = getattr(model, "stat_names", None) or ()
+                check_init_params(init_params, algorithm.init_params(generator(seed, "init")), optional=stats)
+            params = init_params
         params = tree_to(params, dtype)
         self.server_state: Tree = algorithm.init_server(ctx, params, server_generator(seed, -1, "init"))
         self.client_states: MutableMapping[int, Tree]
@@ -151,6 +162,7 @@ class Simulation:
             self.client_states = DiskClientStates(client_store, self.info.num_clients, initial)
         self.round = 0
         self.ledger = CommLedger()
+        self.client_scores: list[dict[str, float]] = []  # per-client values of the latest evaluation
 
     # -- one round ----------------------------------------------------------------------
     def step(self) -> RoundReport:
@@ -173,6 +185,13 @@ class Simulation:
         up = replies.nbytes()
         new_server = alg.aggregate(ctx, self.server_state, plan, replies, server_generator(self.seed, r, "aggregate"))
         if not tree_all_finite(new_server):
+            forged = [k for k in self.byzantine if k in replies.clients and not tree_all_finite(replies.as_dict()[k])]
+            if forged:
+                raise ClientFailure(
+                    f"the server state became NaN/inf in round {r} ({alg.name}): the Byzantine clients {forged} sent "
+                    "NaN/inf replies that the aggregation let through; use a robust aggregator with "
+                    "nonfinite = 'exclude' (or the default 'raise')"
+                )
             raise ClientFailure(
                 f"the server state became NaN/inf in round {r} ({alg.name}); the run diverged - "
                 "lower the learning rate(s) or check the data"
@@ -236,6 +255,37 @@ class Simulation:
             else:  # a disk store keeps its folder
                 self.client_states.update(states)
         self.ledger.load_state_dict(state["ledger"])
+
+
+def check_init_params(given: Any, expected: Any, optional: Sequence[str] = (), path: str = "") -> None:
+    """Raise a one-line FedriskError naming the first tensor of ``given`` whose name or shape
+    differs from ``expected`` (the algorithm's own initial parameters); names in ``optional``
+    (BatchNorm running statistics) may be left out.
+
+    Example:
+        >>> check_init_params({"w": torch.zeros(2, 3)}, {"w": torch.zeros(3, 2)})
+        Traceback (most recent call last):
+        ...
+        fedrisk.errors.FedriskError: init_params: tensor 'w' has shape [2, 3]; the model's is [3, 2]
+    """
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(given, torch.Tensor):
+            raise FedriskError(f"init_params: {path!r} is a {type(given).__name__}; the model has a tensor there")
+        if given.shape != expected.shape:
+            raise FedriskError(
+                f"init_params: tensor {path!r} has shape {list(given.shape)}; the model's is {list(expected.shape)}"
+            )
+        return
+    if isinstance(expected, dict):
+        if not isinstance(given, dict):
+            raise FedriskError(f"init_params: {path or 'the tree'} is a {type(given).__name__}; expected a dict")
+        extra = sorted(set(given) - set(expected))
+        missing = sorted(k for k in set(expected) - set(given) if k not in optional)
+        if extra or missing:
+            where = f" in {path!r}" if path else ""
+            raise FedriskError(f"init_params{where}: unknown tensors {extra[:4]}, missing tensors {missing[:4]}")
+        for k, v in given.items():
+            check_init_params(v, expected[k], optional, f"{path}.{k}" if path else str(k))
 
 
 def _mean_metrics(metrics: dict[int, dict[str, torch.Tensor]]) -> dict[str, float]:
