@@ -66,7 +66,7 @@ class Callback:
 
 def evaluation_record(sim: Simulation, metrics: Sequence[str], splits: Sequence[str], elapsed: float) -> dict[str, Any]:
     record: dict[str, Any] = {"round": sim.round}
-    rows: list[dict[str, float]] = []
+    rows: list[dict[str, Any]] = []
     record.update(
         evaluate(sim.algorithm, sim.server_state, sim.client_states, sim.federation, metrics, splits, None, rows)
     )

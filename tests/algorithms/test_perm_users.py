@@ -225,3 +225,35 @@ def test_clients_and_alpha_files_hold_what_the_run_reported(tmp_path) -> None:
         c.on_start(sim)
     assert {r["round"] for r in read_clients(tmp_path / CLIENTS_CSV)} == {5}
     assert [m["round"] for m in read_alpha(tmp_path / ALPHA_CSV)] == [0]
+
+
+def test_clients_csv_holds_each_clients_validation_split_too(tmp_path) -> None:
+    import dataclasses
+
+    base = clusters(4)  # 24 training rows per client: the first 6 become its validation split
+    fed = dataclasses.replace(
+        base,
+        clients=[c.subset(range(6, 24)) for c in base.clients],
+        client_validations=[c.subset(range(6)) for c in base.clients],
+    )
+    alg = PERM(model=logreg(), loss=cross_entropy, lr=0.5, local_steps=2, batch_size=4, lam=0.5)
+    sim = Simulation(alg, fed, seed=0, dtype=F64)
+    history = run_simulation(sim, 7, eval_every=3, metrics=["accuracy"], callbacks=personal_callbacks(tmp_path, None))
+    rows = read_clients(tmp_path / CLIENTS_CSV)
+    assert [(r["round"], r["split"]) for r in rows[:8]] == [(3, "test")] * 4 + [(3, "validation")] * 4
+    assert len(rows) == 3 * 8 and {r["train_samples"] for r in rows} == {18}
+    assert {r["samples"] for r in rows if r["split"] == "validation"} == {6}
+    assert {r["samples"] for r in rows if r["split"] == "test"} == {8}
+    for record in history.records:
+        valid = [r["accuracy"] for r in rows if r["round"] == record["round"] and r["split"] == "validation"]
+        assert sum(valid) / 4 == pytest.approx(record["validation_personal_accuracy_mean"], abs=1e-12)
+    # the last round's rows, recomputed here: client k's own model on its own validation rows
+    for k, part in enumerate(fed.client_validations):
+        logits = alg.model.apply(alg.personal_params(sim.server_state, sim.client_states[k], k), part.x.to(F64))
+        expected = float((logits.argmax(dim=1) == part.y).to(F64).mean())
+        (mine,) = [r["accuracy"] for r in rows if r["round"] == 7 and r["client"] == k and r["split"] == "validation"]
+        assert mine == pytest.approx(expected, abs=1e-12)
+    # the report's per-client box plot reads the test rows only
+    from fedrisk.experiment.personal_outputs import _final_client_values
+
+    assert _final_client_values(tmp_path, "accuracy") == [r["accuracy"] for r in rows[-8:-4]]

@@ -319,3 +319,40 @@ def test_cli_sweep_tune_errors_are_one_line(tmp_path, capsys):
     assert "--tune with a grid" in capsys.readouterr().err
     assert main(["sweep", str(path), "--tune", "0"]) == 2
     assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------------------- personalised methods
+
+
+PERM_RAW = {
+    "data": {
+        "dataset": "perm_synthetic",
+        "partition": "by_attribute",
+        "num_clients": 4,
+        "client_test_fraction": 0.2,
+        "client_validation_fraction": 0.25,
+        "dataset_options": {"samples_per_client": 40, "dim": 3, "test_per_client": 8},
+    },
+    "model": {"name": "logreg", "bias": False},
+    "algorithm": {"name": "perm", "lr": 0.5, "local_steps": 2, "batch_size": 8},
+    "run": {"rounds": 6, "eval_every": 3, "metrics": ["accuracy"]},
+    "output": {"plots": False},
+}
+
+
+def test_perm_lam_tuned_on_each_clients_validation_split(tmp_path):
+    cfg = resolve_config(PERM_RAW)
+    metric = "validation_personal_accuracy_mean"
+    spec = tune_spec(cfg, space=["algorithm.lam=log:0.1:1000"], metric=metric, trials=2, pruner="none")
+    result = run_tune(cfg, tmp_path, spec, plots=False)
+    assert [t.state.name for t in result.trials] == ["COMPLETE", "COMPLETE"]
+    for t in result.trials:  # each trial ran PERM at its lam and is scored by its best per-client validation mean
+        run = tmp_path / t.user_attrs["run_dir"]
+        assert load_config(run / "config.toml")["algorithm.lam"] == t.params["algorithm.lam"]
+        assert t.value == max(r[metric] for r in read_jsonl(run / "metrics.jsonl"))
+    assert result.best_value == max(t.value for t in result.trials)
+    assert load_config(tmp_path / "best.toml")["algorithm.lam"] == result.best_params["algorithm.lam"]
+    # without per-client validation splits the metric is refused before anything runs
+    no_split = resolve_config({**PERM_RAW, "data": {**PERM_RAW["data"], "client_validation_fraction": 0.0}})
+    with pytest.raises(FedriskError, match=r"'validation_personal_accuracy_mean'.*client_validation_fraction"):
+        tune_spec(no_split, space=["algorithm.lam=log:0.1:1000"], metric=metric)

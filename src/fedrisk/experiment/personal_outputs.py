@@ -2,10 +2,11 @@
 
 ::
 
-    DIR/clients.csv        one row per client and evaluation: round, client, split (each
-                           client's own ``test`` split), test_samples, train_samples and every
-                           metric of that client's personal model (the global model for
-                           algorithms without personal models)
+    DIR/clients.csv        one row per client, split and evaluation: round, client, split
+                           (each client's own ``test`` split, and its ``validation`` split when
+                           ``data.client_validation_fraction > 0``), samples (that split's
+                           rows), train_samples and every metric of that client's personal
+                           model (the global model for algorithms without personal models)
     DIR/alpha.csv          algorithms with a learned client-to-client weight matrix (PERM's
                            alpha, FedFomo's and APPLE's weights): one row per client each time
                            the matrix changes: round, client, then its weight on client 0..N-1
@@ -102,13 +103,14 @@ class ClientsWriter(Callback):
         rows = sim.client_scores
         if not rows:
             return
-        metrics = [k for k in rows[0] if k not in ("client", "test_samples")]
+        metrics = [k for k in rows[0] if k not in ("client", "split", "samples")]
         if self.columns is None:
-            self.columns = ["round", "client", "split", "test_samples", "train_samples", *metrics]
+            self.columns = ["round", "client", "split", "samples", "train_samples", *metrics]
         sizes = sim.federation.client_sizes
         out = []
         for row in rows:
-            values = {"round": record["round"], "split": "test", "train_samples": sizes[int(row["client"])], **row}
+            values = {"round": record["round"], "train_samples": sizes[int(row["client"])], **row}
+            values["test_samples"] = row["samples"]  # the column's name in files written before validation rows
             out.append([values.get(c, "") for c in self.columns])
         _append(self.path, self.columns, out)
 
@@ -198,7 +200,7 @@ def _final_client_values(run_dir: Path, metric: str) -> list[float]:
     path = run_dir / CLIENTS_CSV
     if not path.is_file():
         return []
-    rows = [r for r in read_clients(path) if metric in r and r[metric] != ""]
+    rows = [r for r in read_clients(path) if r.get("split", "test") == "test" and metric in r and r[metric] != ""]
     if not rows:
         return []
     last = max(r["round"] for r in rows)

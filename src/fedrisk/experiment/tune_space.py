@@ -147,13 +147,22 @@ def check_space(cfg: ExperimentConfig, space: Mapping[str, Dimension], where: st
 
 
 def check_metric(cfg: ExperimentConfig, metric: str) -> None:
-    """``metric`` must be a metric the runs evaluate on the validation split.
+    """``metric`` must be a metric the runs evaluate on a validation split: the check of
+    ``run.select_by`` (:func:`~fedrisk.experiment.sections.check_select_by`) decides, since the
+    tuned runs select on it (:func:`select_overrides`) and evaluate the validation split they
+    select on by themselves.  It takes ``validation_<metric>`` (needs
+    ``data.validation_fraction``) and the per-client summaries
+    ``validation_personal_<metric>_<stat>`` (needs ``data.client_validation_fraction``).
 
-    Where the config has model selection (``run.select_by``, whose check is
-    ``config.check_select_by``), that check decides: it also takes the per-client validation
-    summaries ``validation_personal_<metric>_<stat>``, and the runs evaluate the validation split
-    they select on by themselves."""
-    from fedrisk.experiment import config as config_module
+    Example:
+        >>> from fedrisk.experiment.config import resolve_config
+        >>> cfg = resolve_config({"data": {"dataset": "breast_cancer", "client_validation_fraction": 0.2}})
+        >>> check_metric(cfg, "validation_personal_accuracy_mean")
+        >>> check_metric(cfg, "validation_accuracy")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        fedrisk.errors.FedriskError: metric 'validation_accuracy': ... needs a validation split ...
+    """
+    from fedrisk.experiment.sections import check_select_by
 
     if not metric:
         raise FedriskError(
@@ -161,30 +170,16 @@ def check_metric(cfg: ExperimentConfig, metric: str) -> None:
         )
     if not metric.startswith("validation_"):
         raise FedriskError(
-            f"metric {metric!r} is not evaluated on the validation split; allowed: validation_<metric> "
-            "(e.g. validation_auroc): tuning on the test split would select on it"
+            f"metric {metric!r} is not evaluated on the validation split; allowed: validation_<metric> (e.g. "
+            "validation_auroc) or validation_personal_<metric>_<stat>: tuning on the test split would select on it"
         )
-    check_select_by = getattr(config_module, "check_select_by", None)
-    if check_select_by is not None and "select_by" in cfg.section("run"):
-        try:
-            check_select_by(metric, cfg.section("data"), cfg["run.metrics"])
-        except FedriskError as exc:
-            raise FedriskError(f"metric {metric!r}: {exc}") from None
-        return
-    if "validation" not in cfg["run.splits"]:
-        raise FedriskError(
-            f"metric {metric!r} needs the validation split: set data.validation_fraction (e.g. 0.2) and "
-            'run.splits = ["test", "validation"]'
-        )
-    name = metric.removeprefix("validation_")
-    if cfg["run.metrics"] and name not in cfg["run.metrics"]:
-        raise FedriskError(
-            f"metric {metric!r} is not evaluated: run.metrics = {format_value(cfg['run.metrics'])}; allowed: "
-            + ", ".join(f"validation_{m}" for m in cfg["run.metrics"])
-        )
+    try:
+        check_select_by(metric, cfg.section("data"), cfg["run.metrics"])
+    except FedriskError as exc:
+        raise FedriskError(f"metric {metric!r}: {exc}") from None
 
 
 def select_overrides(cfg: ExperimentConfig, metric: str) -> dict[str, Any]:
-    """``{"run.select_by": metric}`` where the config has model selection (``run.select_by``), so
-    that tuned runs report and save the round their validation metric selects; else ``{}``."""
-    return {"run.select_by": metric} if "select_by" in cfg.section("run") else {}
+    """``{"run.select_by": metric}``: the tuned runs report and save the round their validation
+    metric selects."""
+    return {"run.select_by": metric}

@@ -11,8 +11,8 @@
   (the mean of the worst 10% of clients, at least one) and ``worst``.  A personalised
   algorithm's record lists these first (they are its headline) and names its global model's
   metrics ``global_{split}_{metric}``.  With ``client_rows`` (a list), :func:`evaluate` also
-  appends one row per client (client, test samples, each metric): what ``clients.csv`` of a
-  run holds;
+  appends one row per client and split (client, split, samples, each metric): what
+  ``clients.csv`` of a run holds;
 * the same on each client's own validation split (``data.client_validation_fraction``) as
   ``"validation_personal_{metric}_{stat}"``: every key measured on validation data starts with
   ``validation_``, which is what model selection (``run.select_by``) may read.
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -167,7 +168,7 @@ def evaluate(
     metrics: Sequence[str],
     splits: Sequence[str] = ("test",),
     personal: bool | None = None,
-    client_rows: list[dict[str, float]] | None = None,
+    client_rows: list[dict[str, Any]] | None = None,
     params: Tree | None = None,
 ) -> dict[str, float]:
     """All requested metrics for the global model on ``splits`` and, when the federation has
@@ -175,7 +176,8 @@ def evaluate(
     model (``personal_params``: the global model for non-personalised algorithms) on its own
     test and validation splits.  Personalised algorithms report the global model as
     ``global_{split}_{metric}``, after the personal metrics; ``client_rows`` (when given)
-    receives the per-client test values; ``params`` replaces the global model."""
+    receives the per-client values, one row per client and split (``split``: ``"test"``, then
+    ``"validation"``; ``samples``: that split's rows); ``params`` replaces the global model."""
     out: dict[str, float] = {}
     # every algorithm is scored per client when the federation has per-client splits: a global
     # model's per-client scores are the reference that personalised methods are compared to
@@ -185,8 +187,8 @@ def evaluate(
         for split in ("test", "validation"):
             parts = federation.client_splits(split)
             if parts is not None:
-                rows = client_rows if split == "test" else None
-                out.update(_per_client(algorithm, params_of, parts, metrics, PERSONAL_PREFIX[split], rows))
+                head = PERSONAL_PREFIX[split]
+                out.update(_per_client(algorithm, params_of, parts, metrics, head, client_rows, split))
     prefix = "global_" if getattr(algorithm, "personalized", False) else ""
     if params is None:
         params = algorithm.global_params(server_state)
@@ -232,7 +234,8 @@ def _per_client(
     parts: Sequence[Samples],
     metrics: Sequence[str],
     prefix: str,
-    client_rows: list[dict[str, float]] | None = None,
+    client_rows: list[dict[str, Any]] | None = None,
+    split: str = "test",
 ) -> dict[str, float]:
     per_client: dict[str, list[float]] = {m: [] for m in metrics}
     sizes: list[int] = []
@@ -244,7 +247,7 @@ def _per_client(
             per_client[m].append(v)
         sizes.append(len(part))
         if client_rows is not None:
-            client_rows.append({"client": k, "test_samples": len(part), **scores})
+            client_rows.append({"client": k, "split": split, "samples": len(part), **scores})
     out: dict[str, float] = {}
     for m, vals in per_client.items():
         if vals:
