@@ -149,11 +149,10 @@ def check_space(cfg: ExperimentConfig, space: Mapping[str, Dimension], where: st
 def check_metric(cfg: ExperimentConfig, metric: str) -> None:
     """``metric`` must be a metric the runs evaluate on the validation split.
 
-    Where the config has model selection (``run.select_by``, whose check is
-    ``config.check_select_by``), that check decides: it also takes the per-client validation
-    summaries ``validation_personal_<metric>_<stat>``, and the runs evaluate the validation split
-    they select on by themselves."""
-    from fedrisk.experiment import config as config_module
+    ``sections.check_select_by`` decides (a ``run.select_by`` value; it also takes the
+    per-client validation summaries ``validation_personal_<metric>_<stat>``): the trials select
+    on ``metric`` (:func:`select_overrides`), so every run evaluates the split it is scored on."""
+    from fedrisk.experiment.sections import check_select_by
 
     if not metric:
         raise FedriskError(
@@ -164,24 +163,11 @@ def check_metric(cfg: ExperimentConfig, metric: str) -> None:
             f"metric {metric!r} is not evaluated on the validation split; allowed: validation_<metric> "
             "(e.g. validation_auroc): tuning on the test split would select on it"
         )
-    check_select_by = getattr(config_module, "check_select_by", None)
-    if check_select_by is not None and "select_by" in cfg.section("run"):
-        try:
-            check_select_by(metric, cfg.section("data"), cfg["run.metrics"])
-        except FedriskError as exc:
-            raise FedriskError(f"metric {metric!r}: {exc}") from None
-        return
-    if "validation" not in cfg["run.splits"]:
-        raise FedriskError(
-            f"metric {metric!r} needs the validation split: set data.validation_fraction (e.g. 0.2) and "
-            'run.splits = ["test", "validation"]'
-        )
-    name = metric.removeprefix("validation_")
-    if cfg["run.metrics"] and name not in cfg["run.metrics"]:
-        raise FedriskError(
-            f"metric {metric!r} is not evaluated: run.metrics = {format_value(cfg['run.metrics'])}; allowed: "
-            + ", ".join(f"validation_{m}" for m in cfg["run.metrics"])
-        )
+    try:
+        check_select_by(metric, cfg.section("data"), cfg["run.metrics"])
+    except FedriskError as exc:
+        raise FedriskError(f"metric {metric!r}: {exc}") from None
+    # the trials select on ``metric`` (select_overrides), so each run evaluates its split
 
 
 def select_overrides(cfg: ExperimentConfig, metric: str) -> dict[str, Any]:
