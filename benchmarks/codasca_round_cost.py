@@ -56,7 +56,7 @@ from fedrisk.algorithms.fedavg import FedAvg
 from fedrisk.algorithms.primal_dual import Directions
 from fedrisk.autodiff import value_and_grad
 from fedrisk.data.federation import Federation, Samples
-from fedrisk.data.synthetic import class_split_auc_federation
+from fedrisk.data.sources.synthetic import class_split_auc_federation
 from fedrisk.models import FunctionalModel, build_model
 from fedrisk.objectives.auc import AUCWeights, auc_label_weights, auc_minmax_weighted
 from fedrisk.objectives.supervised import binary_cross_entropy_probs

@@ -21,7 +21,7 @@ import time
 import torch
 
 from fedrisk.algorithms import ALGORITHMS
-from fedrisk.data.synthetic import perm_two_cluster_federation
+from fedrisk.data.sources.synthetic import perm_two_cluster_federation
 from fedrisk.models import FunctionalModel, build_model
 from fedrisk.objectives.supervised import cross_entropy
 from fedrisk.runtime.simulation import Simulation

@@ -18,7 +18,7 @@ import torch
 
 from fedrisk.algorithms.fedxl_ndcg import CentralizedNDCG, FeDXL2NDCG, LocalNDCG
 from fedrisk.algorithms.local_only import centralized
-from fedrisk.data.ranking import synthetic_ranking_federation
+from fedrisk.data.sources.ranking import synthetic_ranking_federation
 from fedrisk.models import FunctionalModel, build_model
 from fedrisk.runtime.simulation import Simulation
 

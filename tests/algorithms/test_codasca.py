@@ -23,7 +23,7 @@ from fedrisk.algorithms.base import FedInfo, LocalData, RoundContext
 from fedrisk.algorithms.codasca import CODA, CODASCA, NPA, CODAPlus, SingleClassClientWarning
 from fedrisk.algorithms.primal_dual import control_variate_difference, control_variate_mean, local_sgda
 from fedrisk.data.federation import Federation, Samples
-from fedrisk.data.synthetic import class_split_auc_federation
+from fedrisk.data.sources.synthetic import class_split_auc_federation
 from fedrisk.errors import FedriskError
 from fedrisk.models import FunctionalModel, build_model
 from fedrisk.objectives.auc import (

@@ -12,7 +12,7 @@ from fedrisk.algorithms.base import FedInfo, LocalData, RoundContext
 from fedrisk.algorithms.fedxl_ndcg import CentralizedNDCG, FeDXL2NDCG, LocalNDCG, query_stats
 from fedrisk.algorithms.local_only import centralized
 from fedrisk.data.federation import Federation, Samples
-from fedrisk.data.ranking import synthetic_ranking_data, synthetic_ranking_federation
+from fedrisk.data.sources.ranking import synthetic_ranking_data, synthetic_ranking_federation
 from fedrisk.errors import FedriskError
 from fedrisk.models import FunctionalModel, build_model
 from fedrisk.objectives.ndcg import ideal_dcg, ndcg_grad_weight, ndcg_risk

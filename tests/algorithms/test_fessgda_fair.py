@@ -10,7 +10,7 @@ from fedrisk.algorithms.fessgda import FESSGDA
 from fedrisk.algorithms.sgda import FSGDA, FedNormSGDAPlus
 from fedrisk.data import build_federation
 from fedrisk.data.federation import Federation, Samples
-from fedrisk.data.games import fair_groups_toy_data
+from fedrisk.data.sources.games import fair_groups_toy_data
 from fedrisk.errors import FedriskError
 from fedrisk.models import FunctionalModel, build_model
 from fedrisk.objectives.minimax import per_sample_cross_entropy, project_simplex, weighted_group_loss

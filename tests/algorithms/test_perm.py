@@ -21,7 +21,7 @@ from fedrisk.algorithms.perm import (
     squared_distances,
 )
 from fedrisk.data.federation import Federation, Samples
-from fedrisk.data.synthetic import perm_two_cluster_federation
+from fedrisk.data.sources.synthetic import perm_two_cluster_federation
 from fedrisk.errors import FedriskError
 from fedrisk.models import FunctionalModel, build_model
 from fedrisk.objectives.minimax import project_simplex

@@ -12,7 +12,7 @@ from fedrisk.algorithms import PERM, FedAvg, PERMShuffling, PERMTwoStage
 from fedrisk.algorithms.perm_weights import lambda_guide, mixing_weights, partner_thresholds, squared_distances
 from fedrisk.api import run_simulation
 from fedrisk.data.federation import Federation, Samples
-from fedrisk.data.synthetic import perm_two_cluster_federation
+from fedrisk.data.sources.synthetic import perm_two_cluster_federation
 from fedrisk.errors import FedriskError
 from fedrisk.experiment.personal_outputs import (
     ALPHA_CSV,

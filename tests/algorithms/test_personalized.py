@@ -11,7 +11,7 @@ import torch
 
 from fedrisk.algorithms import APFL, Ditto, FedAvg, LocalizedFedAvg, PerFedAvg, PFedMe
 from fedrisk.data.federation import Federation, Samples
-from fedrisk.data.synthetic import perm_two_cluster_federation
+from fedrisk.data.sources.synthetic import perm_two_cluster_federation
 from fedrisk.errors import FedriskError
 from fedrisk.models import FunctionalModel, build_model
 from fedrisk.objectives.supervised import cross_entropy, mean_squared_error

@@ -215,7 +215,7 @@ def test_errors_name_the_parameter_and_allowed_values(kwargs: dict, pattern: str
 
 
 @pytest.mark.parametrize(
-    "module", ["federation", "partition", "transforms", "loaders", "synthetic", "build", "__init__"]
+    "module", ["federation", "partition", "transforms", "loaders", "sources.synthetic", "build", "__init__"]
 )
 def test_docstring_examples_run(module: str) -> None:
     mod = importlib.import_module("fedrisk.data" if module == "__init__" else f"fedrisk.data.{module}")

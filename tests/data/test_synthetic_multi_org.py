@@ -9,7 +9,7 @@ import torch
 
 from fedrisk.data import build_federation
 from fedrisk.data.loaders import DATASETS
-from fedrisk.data.synthetic import (
+from fedrisk.data.sources.synthetic import (
     CHEST_XRAY_POSITIVE_RATIOS,
     CHEST_XRAY_SIZES,
     multi_org_auc_data,

@@ -10,7 +10,7 @@ from fedrisk.algorithms import IFCA, PERM, FedAvg, FedFomo, LocalizedFedAvg
 from fedrisk.algorithms.perm_weights import mixing_weights_pgd
 from fedrisk.cli import main
 from fedrisk.data.federation import Federation, Samples
-from fedrisk.data.synthetic import perm_two_cluster_federation
+from fedrisk.data.sources.synthetic import perm_two_cluster_federation
 from fedrisk.errors import FedriskError
 from fedrisk.experiment import resolve_config, run_experiment
 from fedrisk.experiment.new_clients import personalise_new_clients, select_clients

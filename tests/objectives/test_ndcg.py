@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from fedrisk.data.ranking import synthetic_ranking_data
+from fedrisk.data.sources.ranking import synthetic_ranking_data
 from fedrisk.errors import FedriskError
 from fedrisk.metrics.ranking import ndcg_at_k
 from fedrisk.objectives.ndcg import check_queries, ideal_dcg, ndcg_risk, song_surrogate

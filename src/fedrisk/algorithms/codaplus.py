@@ -28,7 +28,7 @@ The classes reach the AUC objective (:mod:`fedrisk.objectives.auc`) only through
 family on any (v, α) game (the test suite does so for the spec's §7.2 quadratic game).
 
 Example:
-    >>> from fedrisk.data.synthetic import class_split_auc_federation
+    >>> from fedrisk.data.sources.synthetic import class_split_auc_federation
     >>> from fedrisk.models import FunctionalModel, build_model
     >>> from fedrisk.runtime.simulation import Simulation
     >>> fed = class_split_auc_federation(4, seed=0, num_neg_classes=4, num_pos_classes=4, dim=8,

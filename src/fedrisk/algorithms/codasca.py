@@ -19,7 +19,7 @@ lines marked ``+`` — which is all this module writes, through CODA+'s control-
       output: (v_r̃, α_r̃), r̃ ~ U{1..R}                                          stage_output = "random"
 
 Example:
-    >>> from fedrisk.data.synthetic import class_split_auc_federation
+    >>> from fedrisk.data.sources.synthetic import class_split_auc_federation
     >>> from fedrisk.models import FunctionalModel, build_model
     >>> from fedrisk.runtime.simulation import Simulation
     >>> fed = class_split_auc_federation(4, seed=0, num_neg_classes=4, num_pos_classes=4, dim=8,

@@ -35,7 +35,7 @@ Evaluation: ``state_metrics`` adds the test NDCG@k (``eval_k``) of the global mo
 test queries (:func:`fedrisk.metrics.ranking.ndcg_at_k`).
 
 Example (two clients holding parts of every query):
-    >>> from fedrisk.data.ranking import synthetic_ranking_data
+    >>> from fedrisk.data.sources.ranking import synthetic_ranking_data
     >>> from fedrisk.data.federation import Federation
     >>> from fedrisk.models import FunctionalModel, build_model
     >>> from fedrisk.runtime.simulation import Simulation

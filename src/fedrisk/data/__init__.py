@@ -9,9 +9,7 @@ Example:
     (4, 2)
 """
 
-import fedrisk.data.games  # registers wgan_1d, nc_sc_quadratic
-import fedrisk.data.ranking
-import fedrisk.data.sources  # noqa: F401  (registers synthetic_ranking; table, arrays, image_folder)
+import fedrisk.data.sources  # noqa: F401  (every source registers itself in DATASETS)
 from fedrisk.data.build import build_federation
 from fedrisk.data.federation import Federation, PartitionReport, Samples
 from fedrisk.data.loaders import (
@@ -44,7 +42,7 @@ from fedrisk.data.partition import (
     split_indices,
 )
 from fedrisk.data.sources.chexpert import load_chexpert
-from fedrisk.data.synthetic import (
+from fedrisk.data.sources.synthetic import (
     class_split_auc_data,
     class_split_auc_federation,
     least_squares_data,

@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from fedrisk.data import synthetic  # noqa: F401  (registers the synthetic datasets)
+import fedrisk.data.sources  # noqa: F401  (every source registers itself, the synthetic sets included)
 from fedrisk.data import transforms as T
 from fedrisk.data.federation import Federation, Samples
 from fedrisk.data.loaders import DATASETS, DatasetMeta, LoadedDataset, call_with_options

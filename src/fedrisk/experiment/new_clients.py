@@ -24,7 +24,7 @@ are refused with a one-line error, as is a new-client federation whose inputs or
 Example:
     >>> import torch
     >>> from fedrisk.algorithms import PERM
-    >>> from fedrisk.data.synthetic import perm_two_cluster_federation
+    >>> from fedrisk.data.sources.synthetic import perm_two_cluster_federation
     >>> from fedrisk.models import FunctionalModel, build_model
     >>> from fedrisk.objectives.supervised import cross_entropy
     >>> from fedrisk.runtime.simulation import Simulation
@@ -214,7 +214,7 @@ def select_clients(fed: Federation, ids: Sequence[int]) -> Federation:
     """The federation of the clients ``ids`` only (e.g. clients held out of training).
 
     Example:
-        >>> from fedrisk.data.synthetic import perm_two_cluster_federation
+        >>> from fedrisk.data.sources.synthetic import perm_two_cluster_federation
         >>> select_clients(perm_two_cluster_federation(4, samples_per_client=20, seed=0), [1, 3]).num_clients
         2
     """

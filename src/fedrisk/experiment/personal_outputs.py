@@ -20,7 +20,7 @@ Example:
     >>> import tempfile, torch
     >>> from fedrisk import run_federation
     >>> from fedrisk.algorithms import PERM
-    >>> from fedrisk.data.synthetic import perm_two_cluster_federation
+    >>> from fedrisk.data.sources.synthetic import perm_two_cluster_federation
     >>> from fedrisk.models import FunctionalModel, build_model
     >>> from fedrisk.objectives.supervised import cross_entropy
     >>> fed = perm_two_cluster_federation(4, samples_per_client=30, dim=3, test_per_client=10, seed=0)
