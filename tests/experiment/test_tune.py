@@ -121,6 +121,24 @@ def test_bad_keys_metrics_and_empty_space_are_errors():
         cfg_of(tune={"sapce": {}})
 
 
+def test_metric_on_a_split_the_runs_select_on_needs_no_splits_entry(tmp_path):
+    # a validation split without "validation" in run.splits: the trials select on the tuned metric,
+    # so each run evaluates that split (the shipped configs' [tune] tables rely on this)
+    cfg = cfg_of(run={"splits": ["test"]})
+    spec = tune_spec(cfg, trials=1)
+    assert spec.metric == "validation_auroc"
+    result = run_tune(cfg, tmp_path, spec, plots=False)
+    [trial] = result.trials
+    recs = read_jsonl(tmp_path / trial.user_attrs["run_dir"] / "metrics.jsonl")
+    assert trial.value == max(r["validation_auroc"] for r in recs)
+    # the per-client validation summaries: accepted with per-client splits, refused without
+    personal = {"validation_fraction": 0.0, "client_validation_fraction": 0.3}
+    spec = tune_spec(cfg_of(data=personal, run={"splits": ["test"]}), metric="validation_personal_auroc_mean")
+    assert spec.metric == "validation_personal_auroc_mean"
+    with pytest.raises(FedriskError, match="client_validation_fraction"):
+        tune_spec(cfg, metric="validation_personal_auroc_mean")
+
+
 def test_cli_errors_are_one_line(tmp_path, capsys):
     from fedrisk.cli import main
 
