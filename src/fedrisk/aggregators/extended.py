@@ -49,13 +49,9 @@ import torch
 from torch import Tensor
 
 from fedrisk.aggregators.base import Replies
-from fedrisk.aggregators.robust import (
-    RobustAggregator,
-    _FaultTolerant,
-    check_rows,
-    coordinate_median,
-    pairwise_sq_distances,
-)
+from fedrisk.aggregators.preaggregation import ARC_NAME, arc, arc_clip_count
+from fedrisk.aggregators.robust import RobustAggregator, _FaultTolerant, coordinate_median
+from fedrisk.aggregators.rows import check_f, check_rows, clip_rows, pairwise_sq_distances
 from fedrisk.errors import FedriskError, check_int
 
 __all__ = [
@@ -77,31 +73,14 @@ __all__ = [
     "static_clipping",
 ]
 
-ARC_NAME = "arc"
 MDA_MAX_SUBSETS = 200_000
 """The most candidate subsets ``C(n, f)`` :func:`mda` enumerates exactly (about a second on one core)."""
-
-
-def _f_ok(rule: str, f: Any, n: int, ok: bool, need: str) -> None:
-    if not isinstance(f, int) or isinstance(f, bool) or f < 0:
-        raise FedriskError(
-            f"{rule}: f = {f!r} is not allowed; it must be an integer >= 0 (the number of Byzantine replies)"
-        )
-    if not ok:
-        raise FedriskError(f"{rule}: f = {f} is not allowed with n = {n} replies; it needs {need}")
 
 
 def _tau_ok(rule: str, tau: Any) -> float:
     if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 < tau < float("inf"):
         raise FedriskError(f"{rule}: tau = {tau!r} is not allowed; it must be a finite number > 0")
     return float(tau)
-
-
-def _clip_rows(x: Tensor, radius: Tensor | float) -> Tensor:
-    """Each row scaled to norm at most ``radius`` (a scalar or one radius per row)."""
-    norms = torch.linalg.vector_norm(x, dim=1, keepdim=True)
-    r = torch.as_tensor(radius, dtype=x.dtype).reshape(-1, 1) if isinstance(radius, Tensor) else radius
-    return x * torch.where(norms > r, r / norms.clamp_min(torch.finfo(x.dtype).tiny), torch.ones_like(norms))
 
 
 # ----------------------------------------------------------------------------- Bulyan
@@ -123,7 +102,7 @@ def bulyan(x: Tensor, f: int) -> Tensor:
     """
     check_rows(x, "bulyan")
     n = x.shape[0]
-    _f_ok("bulyan", f, n, n >= 4 * f + 3, "n >= 4f + 3")
+    check_f("bulyan", f, n, n >= 4 * f + 3, "n >= 4f + 3")
     theta, beta = n - 2 * f, n - 4 * f
     dist = pairwise_sq_distances(x).double()
     dist.fill_diagonal_(float("inf"))
@@ -162,7 +141,7 @@ def meamed(x: Tensor, f: int) -> Tensor:
     """
     check_rows(x, "meamed")
     n = x.shape[0]
-    _f_ok("meamed", f, n, 2 * f < n, "2f < n")
+    check_f("meamed", f, n, 2 * f < n, "2f < n")
     return _mean_around_median(x, n - f)
 
 
@@ -187,7 +166,7 @@ def mda(x: Tensor, f: int, exact: bool | None = None, max_subsets: int = MDA_MAX
     """
     check_rows(x, "mda")
     n = x.shape[0]
-    _f_ok("mda", f, n, 2 * f < n, "2f < n")
+    check_f("mda", f, n, 2 * f < n, "2f < n")
     check_int("mda: max_subsets", max_subsets, 1)
     count = math.comb(n, f)
     if exact is None:
@@ -260,7 +239,7 @@ def monna(x: Tensor, f: int, pivot: Tensor | None = None) -> Tensor:
     """
     check_rows(x, "monna")
     n = x.shape[0]
-    _f_ok("monna", f, n, 2 * f < n, "2f < n")
+    check_f("monna", f, n, 2 * f < n, "2f < n")
     centre = coordinate_median(x) if pivot is None else pivot.to(x.dtype)
     if centre.shape != x.shape[1:]:
         raise FedriskError(f"monna: pivot must have shape {tuple(x.shape[1:])}; got {tuple(centre.shape)}")
@@ -280,41 +259,7 @@ def static_clipping(x: Tensor, tau: float = 1.0) -> Tensor:
         [0.45000001788139343, 0.6000000238418579]
     """
     check_rows(x, "static_clipping")
-    return _clip_rows(x, _tau_ok("static_clipping", tau)).mean(dim=0)
-
-
-def arc_clip_count(n: int, f: int) -> int:
-    """ARC's number of clipped rows, ``k = floor(2 (f / n) (n - f))``.
-
-    Example:
-        >>> arc_clip_count(20, 4)
-        6
-    """
-    return int(2 * f * (n - f) // n)
-
-
-def arc(x: Tensor, f: int) -> Tensor:
-    """Adaptive robust clipping (Allouah et al., NeurIPS 2024, "Boosting robustness by clipping
-    gradients in distributed learning"), a pre-aggregation returning ``(n, d)``: the
-    ``k = floor(2 (f/n)(n - f))`` rows of largest norm are clipped to the norm of the
-    ``(k + 1)``-th largest; the others are unchanged (ties by row order).
-
-    Example:
-        >>> arc(torch.tensor([[1.0], [2.0], [-3.0], [100.0]]), 1).flatten().tolist()
-        [1.0, 2.0, -3.0, 3.0]
-    """
-    check_rows(x, ARC_NAME)
-    n = x.shape[0]
-    _f_ok(ARC_NAME, f, n, 2 * f < n, "2f < n")
-    k = arc_clip_count(n, f)
-    if k == 0:
-        return x.clone()
-    norms = torch.linalg.vector_norm(x, dim=1)
-    order = torch.sort(norms, descending=True, stable=True).indices
-    radius = norms[order[k]]
-    out = x.clone()
-    out[order[:k]] = _clip_rows(x[order[:k]], radius)
-    return out
+    return clip_rows(x, _tau_ok("static_clipping", tau)).mean(dim=0)
 
 
 def centered_clipping_momentum(
@@ -347,7 +292,7 @@ def centered_clipping_momentum(
     m = (1 - beta) * x + beta * momentum.to(x.dtype)
     v = previous.to(x.dtype)
     for _ in range(iters):
-        v = v + _clip_rows(m - v, tau).mean(dim=0)
+        v = v + clip_rows(m - v, tau).mean(dim=0)
     return v, m
 
 

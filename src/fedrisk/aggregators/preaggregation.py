@@ -5,6 +5,8 @@
   each other under heterogeneity (at the price of multiplying the Byzantine fraction by up to s).
 * :func:`nearest_neighbor_mixing` (Allouah et al., 2023): replace each row by the mean of its
   ``n - f`` nearest rows (itself included).
+* :func:`arc` (adaptive robust clipping, Allouah et al., 2024): the ``floor(2 (f/n)(n - f))``
+  rows of largest norm clipped to the norm of the next one.
 
 Example:
     >>> import torch
@@ -20,12 +22,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedrisk.aggregators.rows import check_rows, pairwise_sq_distances
+from fedrisk.aggregators.rows import check_f, check_rows, clip_rows, pairwise_sq_distances
 from fedrisk.errors import FedriskError
 
-__all__ = ["PRE_AGGREGATIONS", "bucketing", "nearest_neighbor_mixing"]
+__all__ = ["ARC_NAME", "PRE_AGGREGATIONS", "arc", "arc_clip_count", "bucketing", "nearest_neighbor_mixing"]
 
-PRE_AGGREGATIONS = ("none", "bucketing", "nnm", "arc")  # "arc": fedrisk.aggregators.extended.arc
+ARC_NAME = "arc"
+PRE_AGGREGATIONS = ("none", "bucketing", "nnm", ARC_NAME)
 
 
 def bucketing(x: Tensor, s: int, gen: torch.Generator) -> Tensor:
@@ -64,3 +67,37 @@ def nearest_neighbor_mixing(x: Tensor, f: int) -> Tensor:
     mix = torch.zeros(n, n, dtype=x.dtype, device=x.device)
     mix.scatter_(1, idx, 1.0 / (n - f))  # row i: weight 1/(n - f) on each of its n - f neighbours
     return mix @ x
+
+
+def arc_clip_count(n: int, f: int) -> int:
+    """ARC's number of clipped rows, ``k = floor(2 (f / n) (n - f))``.
+
+    Example:
+        >>> arc_clip_count(20, 4)
+        6
+    """
+    return int(2 * f * (n - f) // n)
+
+
+def arc(x: Tensor, f: int) -> Tensor:
+    """Adaptive robust clipping (Allouah et al., NeurIPS 2024, "Boosting robustness by clipping
+    gradients in distributed learning"), a pre-aggregation returning ``(n, d)``: the
+    ``k = floor(2 (f/n)(n - f))`` rows of largest norm are clipped to the norm of the
+    ``(k + 1)``-th largest; the others are unchanged (ties by row order).
+
+    Example:
+        >>> arc(torch.tensor([[1.0], [2.0], [-3.0], [100.0]]), 1).flatten().tolist()
+        [1.0, 2.0, -3.0, 3.0]
+    """
+    check_rows(x, ARC_NAME)
+    n = x.shape[0]
+    check_f(ARC_NAME, f, n, 2 * f < n, "2f < n")
+    k = arc_clip_count(n, f)
+    if k == 0:
+        return x.clone()
+    norms = torch.linalg.vector_norm(x, dim=1)
+    order = torch.sort(norms, descending=True, stable=True).indices
+    radius = norms[order[k]]
+    out = x.clone()
+    out[order[:k]] = clip_rows(x[order[:k]], radius)
+    return out

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from fedrisk.aggregators.base import Aggregator, Replies
-from fedrisk.aggregators.preaggregation import PRE_AGGREGATIONS, bucketing, nearest_neighbor_mixing
+from fedrisk.aggregators.preaggregation import PRE_AGGREGATIONS, arc, bucketing, nearest_neighbor_mixing
 from fedrisk.aggregators.rows import centred_gram, check_rows, medoid_gram, pairwise_sq_distances
 from fedrisk.errors import FedriskError, check_int
 from fedrisk.objectives.minimax import project_ball
@@ -328,8 +328,6 @@ class RobustAggregator(Aggregator):
         elif self.pre == "nnm":
             x = nearest_neighbor_mixing(x, int(self.options().get("f", 0)))
         elif self.pre == "arc":  # adaptive robust clipping (Allouah et al. 2024) with the rule's f
-            from fedrisk.aggregators.extended import arc
-
             x = arc(x, int(self.options().get("f", 0)))
         return type(self).rule(x, **self.options())
 

@@ -1,8 +1,9 @@
 """The stacked replies ``(n, d)`` shared by the robust rules and the pre-aggregations: the input
-check and the pairwise distances (from one centred Gram matrix).
+check, the check of ``f`` against a rule's bound, row clipping and the pairwise distances (from
+one centred Gram matrix).
 
 :mod:`fedrisk.aggregators.robust` (the rules) and :mod:`fedrisk.aggregators.preaggregation`
-(bucketing, nearest-neighbour mixing) both build on this module; neither imports the other's
+(bucketing, nearest-neighbour mixing, ARC) both build on this module; neither imports the other's
 internals.
 
 Example:
@@ -20,7 +21,7 @@ from torch import Tensor
 
 from fedrisk.errors import FedriskError
 
-__all__ = ["centred_gram", "check_rows", "medoid_gram", "pairwise_sq_distances"]
+__all__ = ["centred_gram", "check_f", "check_rows", "clip_rows", "medoid_gram", "pairwise_sq_distances"]
 
 
 def check_rows(x: Tensor, rule: str) -> None:
@@ -98,3 +99,20 @@ def pairwise_sq_distances(x: Tensor) -> Tensor:
         [[0.0, 25.0], [25.0, 0.0]]
     """
     return _gram_sq_distances(medoid_gram(x)[1])
+
+
+def check_f(rule: str, f: Any, n: int, ok: bool, need: str) -> None:
+    """``f`` must be an integer >= 0 and satisfy the rule's bound ``need`` (``ok``) for ``n`` replies."""
+    if not isinstance(f, int) or isinstance(f, bool) or f < 0:
+        raise FedriskError(
+            f"{rule}: f = {f!r} is not allowed; it must be an integer >= 0 (the number of Byzantine replies)"
+        )
+    if not ok:
+        raise FedriskError(f"{rule}: f = {f} is not allowed with n = {n} replies; it needs {need}")
+
+
+def clip_rows(x: Tensor, radius: Tensor | float) -> Tensor:
+    """Each row scaled to norm at most ``radius`` (a scalar or one radius per row)."""
+    norms = torch.linalg.vector_norm(x, dim=1, keepdim=True)
+    r = torch.as_tensor(radius, dtype=x.dtype).reshape(-1, 1) if isinstance(radius, Tensor) else radius
+    return x * torch.where(norms > r, r / norms.clamp_min(torch.finfo(x.dtype).tiny), torch.ones_like(norms))
