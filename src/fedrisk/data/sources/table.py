@@ -34,7 +34,12 @@ SUFFIXES = (".csv", ".csv.gz", ".tsv", ".parquet", ".pq")
 
 def read_table(path: Path):  # -> pandas.DataFrame
     """The file as a pandas DataFrame (format from its name)."""
-    import pandas as pd
+    try:
+        import pandas as pd
+    except ImportError:
+        raise FedriskError(
+            'dataset = "table" reads files with pandas, which is not installed: pip install "fedrisk[data]"'
+        ) from None
 
     name = path.name.lower()
     try:
