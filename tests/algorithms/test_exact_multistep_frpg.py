@@ -18,36 +18,30 @@ model (``seq``) or slot k of the previous frame (``lit``, eq. (21a) as printed).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from fedrisk.algorithms import FRPG, LFRPG
 from fedrisk.algorithms.base import RoundContext
 from fedrisk.attacks import SignFlipAttack
-from fedrisk.data.federation import Federation, Samples
+from fedrisk.data.federation import Federation
 from fedrisk.objectives.supervised import mean_squared_error
 from fedrisk.rng import client_generator
 from fedrisk.runtime.simulation import Simulation, fed_info
 
-F64 = torch.float64
-D, SEED, T = 3, 0, 3
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _least_squares as _ls
+from _least_squares import F64, D, Linear
 
-class Linear:
-    def init_params(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
-        return {"w": torch.randn(D, generator=gen, dtype=F64)}
-
-    def apply(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        return x @ params["w"]
+SEED, T = 0, 3
 
 
 def least_squares(sizes: tuple[int, ...], seed: int) -> Federation:
-    g = torch.Generator().manual_seed(seed)
-    clients = []
-    for k, n in enumerate(sizes):
-        a = torch.randn(n, D, generator=g, dtype=F64) + 0.3 * k
-        clients.append(Samples(a, a @ torch.randn(D, generator=g, dtype=F64)))
-    return Federation("least-squares", clients, num_classes=1)
+    return _ls.least_squares(sizes, seed, shift=0.3, scale=1.0)
 
 
 def huber_prox(y: torch.Tensor, tau: float, mu: float) -> tuple[torch.Tensor, bool]:

@@ -9,6 +9,9 @@ arithmetic is the hand loop's.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 
 from fedrisk.algorithms import APFL, PFedMe
@@ -18,25 +21,16 @@ from fedrisk.objectives.supervised import mean_squared_error
 from fedrisk.rng import client_generator
 from fedrisk.runtime.simulation import Simulation, fed_info
 
-F64 = torch.float64
-D, SEED, ROUNDS = 3, 0, 3
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _least_squares as _ls
+from _least_squares import F64, Linear
 
-class Linear:
-    def init_params(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
-        return {"w": torch.randn(D, generator=gen, dtype=F64)}
-
-    def apply(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        return x @ params["w"]
+SEED, ROUNDS = 0, 3
 
 
 def least_squares(sizes: tuple[int, ...] = (8, 10, 12)) -> Federation:
-    g = torch.Generator().manual_seed(1)
-    clients = []
-    for k, n in enumerate(sizes):
-        a = torch.randn(n, D, generator=g, dtype=F64) + 0.5 * k
-        clients.append(Samples(a, a @ (2.0 * torch.randn(D, generator=g, dtype=F64))))
-    return Federation("least-squares", clients, num_classes=1)
+    return _ls.least_squares(sizes, seed=1)
 
 
 def grad(w: torch.Tensor, s: Samples, idx: torch.Tensor) -> torch.Tensor:

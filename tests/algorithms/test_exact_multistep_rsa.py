@@ -7,6 +7,8 @@ squares (``∇f(w; B) = Xᵀ(Xw − y)/|B|``); the minibatches are the algorithm
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import torch
 
@@ -17,16 +19,11 @@ from fedrisk.objectives.supervised import mean_squared_error
 from fedrisk.rng import client_generator
 from fedrisk.runtime.simulation import Simulation, fed_info
 
-F64 = torch.float64
-D, SEED = 3, 0
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _least_squares import F64, D, Linear
 
-class Linear:
-    def init_params(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
-        return {"w": torch.randn(D, generator=gen, dtype=F64)}
-
-    def apply(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        return x @ params["w"]
+SEED = 0
 
 
 def test_rsa_over_four_rounds_matches_the_hand_loop() -> None:

@@ -84,7 +84,14 @@ from fedrisk.experiment.outputs import (
 from fedrisk.experiment.progress import Progress
 from fedrisk.experiment.schema import AUTO, NONE, RUN_SEED, algorithm_fields
 from fedrisk.experiment.sections import ONE_OUTPUT_LOSSES, check_select_by, model_options
-from fedrisk.experiment.selection import Selector, WorkMeter, budget, lower_is_better, selected_record
+from fedrisk.experiment.selection import (
+    Selector,
+    WorkMeter,
+    budget,
+    lower_is_better,
+    record_key,
+    selected_record,
+)
 from fedrisk.experiment.tracking import open_tracking
 from fedrisk.runtime.client_store import DiskClientStates, is_snapshot_ref, snapshot_problem
 from fedrisk.runtime.evaluation import check_client_splits
@@ -884,7 +891,7 @@ def make_summary(
         selected = {
             "round": chosen["round"],
             "selected_by": select_key,
-            "value": chosen.get(select_key, chosen.get("global_" + select_key)),
+            "value": chosen.get(record_key(chosen, select_key)),
             "metrics": {k: v for k, v in chosen.items() if k not in RECORD_KEYS},
             "budget": budget(chosen),
         }

@@ -35,6 +35,17 @@ def lower_is_better(metric: str) -> bool:
     return any(metric.endswith(name) or f"_{name}_" in metric for name in LOWER_IS_BETTER)
 
 
+def record_key(record: Mapping[str, Any], key: str) -> str:
+    """The key under which ``record`` holds the selection metric ``key``: personalised runs name
+    their global model's metrics ``global_*`` (``global_validation_accuracy``).
+
+    Example:
+        >>> record_key({"global_validation_auroc": 0.9}, "validation_auroc")
+        'global_validation_auroc'
+    """
+    return key if key in record else "global_" + key
+
+
 def selected_record(records: Sequence[Mapping[str, Any]], key: str) -> dict[str, Any] | None:
     """The evaluation that ``run.select_by`` (the record key ``key``) selects: the best value,
     the earliest round among ties, losses minimised; None without one.  Reads only ``key``, so
@@ -52,7 +63,7 @@ def selected_record(records: Sequence[Mapping[str, Any]], key: str) -> dict[str,
     best: Mapping[str, Any] | None = None
     best_value = 0.0
     for r in records:
-        v = r.get(key, r.get("global_" + key))  # personalised runs name their global model's metrics global_*
+        v = r.get(record_key(r, key))
         if not isinstance(v, (int, float)) or v != v:
             continue
         if best is None or (v < best_value if lower else v > best_value):
@@ -156,7 +167,7 @@ class Selector(Callback):
         self.best: dict[str, Any] | None = None
 
     def on_evaluation(self, sim: Simulation, record: dict[str, Any]) -> None:
-        key = self.key if self.key in record else "global_" + self.key  # personalised runs: global_validation_*
+        key = record_key(record, self.key)
         if key not in record:
             evaluated = [k for k in record if k.startswith("validation_")]
             raise FedriskError(
