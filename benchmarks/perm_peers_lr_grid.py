@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import tomllib
 from pathlib import Path
 
 import tomli_w
+import tomllib
 
 TIED = {"fedavg_ft": "finetune_lr", "ditto": "personal_lr", "pfedme": "personal_lr", "perfedavg": "inner_lr"}
 

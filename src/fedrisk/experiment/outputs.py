@@ -49,7 +49,7 @@ PARTITION_MD = "partition.md"
 PLOTS = "plots"
 CLIENT_STATES_DIR = "client_states"  # run.client_states = "disk": one file per client, and snapshots
 OUTPUT_FILES = (CONFIG, METRICS, SUMMARY, CHECKPOINT, CHECKPOINT_PREV, PARTITION_JSON, PARTITION_MD, "selected.pt")
-OUTPUT_FILES += ("clients.csv", "alpha.csv", "lambda_guide.txt")  # experiment.personal_outputs.PERSONAL_FILES
+OUTPUT_FILES += ("clients.csv", "alpha.csv", "clusters.csv", "lambda_guide.txt")  # experiment.personal_outputs.PERSONAL_FILES
 """Files a run owns (``--overwrite`` removes exactly these and ``plots/``)."""
 
 RECORD_KEYS = ("round", "bytes_down", "bytes_up", "wall_time", "steps_per_client", "samples_seen")
