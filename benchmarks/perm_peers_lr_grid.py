@@ -27,9 +27,9 @@ import tomllib
 TIED = {"fedavg_ft": "finetune_lr", "ditto": "personal_lr", "pfedme": "personal_lr", "perfedavg": "inner_lr"}
 
 
-def grid(config: Path, lrs: list[float], out: Path) -> None:
+def grid(config: Path, lrs: list[float], out: Path, only: list[str] | None = None) -> None:
     raw = tomllib.loads(config.read_text(encoding="utf-8"))
-    variants = raw["sweep"]["variants"]
+    variants = {k: v for k, v in raw["sweep"]["variants"].items() if not only or k in only}
     new = {}
     for name, keys in variants.items():
         for lr in lrs:
@@ -46,7 +46,7 @@ def grid(config: Path, lrs: list[float], out: Path) -> None:
     print(f"{out}: {len(new)} variants ({len(variants)} methods x {len(lrs)} step sizes)")
 
 
-def choose(sweep: Path, config: Path | None = None, write: Path | None = None) -> None:
+def choose(sweep: Path, config: Path | None = None, write: Path | None = None, only: list[str] | None = None) -> None:
     by_method: dict[str, list[tuple[float, float, float, int]]] = {}
     for summary in sorted(sweep.glob("*/seed=*/summary.json")):
         label = summary.parent.parent.name
@@ -71,6 +71,8 @@ def choose(sweep: Path, config: Path | None = None, write: Path | None = None) -
         print(f'[sweep.variants.{name}] "algorithm.lr" = {lr:g}')
     if config is not None and write is not None:  # CONFIG with the chosen values (tied keys included)
         raw = tomllib.loads(config.read_text(encoding="utf-8"))
+        if only:
+            raw["sweep"]["variants"] = {k: v for k, v in raw["sweep"]["variants"].items() if k in only}
         for name, keys in raw["sweep"]["variants"].items():
             if name in chosen:
                 keys["algorithm.lr"] = chosen[name]
@@ -88,15 +90,18 @@ def main() -> None:
     g.add_argument("config", type=Path)
     g.add_argument("--lrs", required=True, help="comma-separated step sizes")
     g.add_argument("--out", type=Path, required=True)
+    g.add_argument("--only", help="comma-separated variants (default: all)")
     c = sub.add_parser("choose", help="the best step size per method on validation")
     c.add_argument("sweep", type=Path)
     c.add_argument("--config", type=Path, help="with --write: the comparison config to fill in")
     c.add_argument("--write", type=Path, help="write CONFIG with the chosen step sizes here")
+    c.add_argument("--only", help="with --write: keep only these variants (comma-separated)")
     args = parser.parse_args()
+    only = args.only.split(",") if args.only else None
     if args.command == "grid":
-        grid(args.config, [float(x) for x in args.lrs.split(",")], args.out)
+        grid(args.config, [float(x) for x in args.lrs.split(",")], args.out, only)
     else:
-        choose(args.sweep, args.config, args.write)
+        choose(args.sweep, args.config, args.write, only)
 
 
 if __name__ == "__main__":
