@@ -23,6 +23,12 @@ change).  Only meaningful with two otherwise idle cores.
     .venv/bin/python benchmarks/tune_overhead.py --config fedxl       # FeDXL2 on the FeDXL pAUC config
     .venv/bin/python benchmarks/tune_overhead.py --config small --rounds 30   # tiny trials (worst case)
     .venv/bin/python benchmarks/tune_overhead.py --jobs               # jobs 1 vs jobs 2
+    .venv/bin/python benchmarks/tune_overhead.py --startup            # forked vs fresh workers
+
+Start-up (``--startup``): how long after the tune starts its two workers begin their first
+trials, forked from the tuner (the default with one thread per trial) or started as fresh
+interpreters (the path for several threads per trial, forced here), twice each.  Independent
+of how busy the machine is in kind, though not in size.
 
 Results (2-core machine shared with other jobs, load average given): in benchmarks/RESULTS.md#tuning-overhead.
 """
@@ -30,6 +36,7 @@ Results (2-core machine shared with other jobs, load average given): in benchmar
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import tempfile
@@ -120,15 +127,39 @@ def study(cfg, trials: int, jobs: int, **kw) -> dict[str, float]:
     }
 
 
+def startup(cfg) -> None:
+    import fedrisk.experiment.tune_workers as workers
+
+    forks = workers.forks
+    study(cfg, 1, 1)  # the process's one-time imports
+    try:
+        for mode in ("forked", "fresh", "forked", "fresh"):
+            workers.forks = forks if mode == "forked" else (lambda base, spec: False)
+            spec = tune_spec(cfg, trials=2, metric=cfg["tune.metric"], jobs=2, sampler="random", pruner="none")
+            t0, wall = datetime.datetime.now(), time.perf_counter()
+            result = run_tune(cfg, tempfile.mkdtemp(prefix="tune_bench_"), spec, plots=False)
+            wall = time.perf_counter() - wall
+            starts = sorted((t.datetime_start - t0).total_seconds() for t in result.trials)
+            shown = ", ".join(f"{s:.2f}" for s in starts)
+            print(f"{mode} workers: first trials start {shown} s after the tune starts; 2-trial study {wall:.2f} s")
+    finally:
+        workers.forks = forks
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", choices=("quickstart", "small", "fedxl"), default="quickstart")
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--trials", type=int, default=16)
     p.add_argument("--jobs", action="store_true", help="compare --jobs 1 and --jobs 2 instead")
+    p.add_argument("--startup", action="store_true", help="time forked against fresh workers instead")
     args = p.parse_args()
     cfg = config(args.config, args.rounds)
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores; {args.config}, {cfg['run.rounds']} rounds")
+    if args.startup:
+        startup(cfg)
+        print(f"load average {os.getloadavg()[0]:.2f} at the end")
+        return
     if args.jobs:
         same = {"sampler": "random", "pruner": "none"}
         study(cfg, 1, 1, **same)  # imports (Optuna's storage, matplotlib) paid before either is timed
