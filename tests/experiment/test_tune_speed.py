@@ -133,3 +133,17 @@ def test_worker_module_runs_as_a_fresh_interpreter(tmp_path):
     result = run_tune(cfg, tmp_path / "study", spec, plots=False)
     assert len(result.trials) == 2
     assert Path(tmp_path / "study" / "worker1.log").is_file()
+
+
+def test_sweep_tune_builds_the_variants_shared_data_once(tmp_path, loads):
+    from fedrisk.experiment.sweep import run_tuned_sweep
+
+    cfg = cfg_of(tune={"trials": 2})
+    variants = {
+        "avg": {"algorithm.name": "fedavg", "tune.keys": ["algorithm.lr"]},
+        "prox": {"algorithm.name": "fedprox", "tune.keys": ["algorithm.lr"]},
+    }
+    result = run_tuned_sweep(cfg, tmp_path, trials=2, variants=variants, seeds=[0], progress="none")
+    assert not result.failed and len(result.points) == 2
+    assert loads() == 1  # 2 variants x 2 trials (seed 0 is the best trial's run, copied)
+    assert build_mod._reused is None
