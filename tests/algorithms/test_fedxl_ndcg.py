@@ -11,6 +11,7 @@ import torch
 from fedrisk.algorithms.base import FedInfo, LocalData, RoundContext
 from fedrisk.algorithms.fedxl_ndcg import UNSET, CentralizedNDCG, FeDXL2NDCG, LocalNDCG, query_stats
 from fedrisk.algorithms.local_only import centralized
+from fedrisk.algorithms.pairwise import SingleClassClientWarning
 from fedrisk.data.federation import Federation, Samples
 from fedrisk.data.sources.ranking import synthetic_ranking_data, synthetic_ranking_federation
 from fedrisk.errors import FedriskError
@@ -244,3 +245,26 @@ def test_federated_ndcg_learns_across_clients() -> None:
         sim.step()
     end = alg.state_metrics(sim.server_state, fed)["test_ndcg@5"]
     assert end > start + 0.3 and end > 0.55, (start, end)
+
+
+def test_a_client_without_a_relevant_item_is_named() -> None:
+    """Client 0 (its share of every query) loses its relevant items.  Local Pair refuses it (one line naming
+    the client); FeDXL2 warns and trains (its items still serve G2).  A query with no relevant item
+    anywhere names the clients holding it."""
+    fed = synthetic_ranking_federation(2, queries_per_client=2, items_per_query=6, dim=3, split="items", seed=0)
+    c0 = fed.clients[0]
+    gone = Samples(c0.x, torch.zeros_like(c0.y), c0.attrs)
+    pooled = centralized(fed).clients[0]  # every query, with its relevant items
+    moved = Federation("r", [gone, pooled], 4)
+    with pytest.raises(FedriskError, match=r"^local_ndcg: client 0 holds no query with a relevant item \(12 items\)"):
+        Simulation(LocalNDCG(model=linear(), num_queries=4), moved, seed=0)
+    with pytest.warns(SingleClassClientWarning, match="fedxl2_ndcg: client 0 holds no query with a relevant item"):
+        sim = Simulation(FeDXL2NDCG(model=linear(), num_queries=4, local_steps=2, batch_pos=2, batch_neg=2), moved)
+    for _ in range(2):
+        sim.step()
+    no_rel = Samples(pooled.x, torch.where(pooled.attrs["query"] == 2, 0, pooled.y), pooled.attrs)
+    both = Federation("r", [gone, no_rel], 4)
+    with pytest.raises(
+        FedriskError, match=r"query 2 has no relevant item \(every relevance is 0; held by client 0, 1\)"
+    ):
+        Simulation(FeDXL2NDCG(model=linear(), num_queries=4), both, seed=0)

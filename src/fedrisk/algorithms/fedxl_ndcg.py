@@ -59,6 +59,7 @@ Example (two clients holding parts of every query):
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -68,7 +69,7 @@ from torch import Tensor
 
 from fedrisk.aggregators.base import Replies
 from fedrisk.algorithms.base import Algorithm, ClientResult, FedInfo, LocalData, RoundContext, RoundPlan, sample_clients
-from fedrisk.algorithms.pairwise import SCORES
+from fedrisk.algorithms.pairwise import SCORES, SingleClassClientWarning
 from fedrisk.autodiff import value_and_grad
 from fedrisk.errors import FedriskError, check_range, unknown_name
 from fedrisk.objectives.auc import single_output
@@ -206,8 +207,30 @@ class FeDXL2NDCG(Algorithm):
             x = data[0].x[:1]
             with torch.no_grad():
                 single_output(self.model.apply(self.model.init_params(0, dtype=x.dtype), x), self.name)
-        queries = torch.cat([queries_of(d)[: int(d.size)] for d in data])
-        check_queries(torch.cat([d.y[: int(d.size)] for d in data]), queries, f"{self.name}: the federation")
+        qs, rels = [queries_of(d)[: int(d.size)] for d in data], [d.y[: int(d.size)] for d in data]
+        queries, relevance = torch.cat(qs), torch.cat(rels)
+        if torch.any(relevance < 0):
+            check_queries(relevance, queries, f"{self.name}: the federation")  # names the negative label
+        for q in torch.unique(queries).tolist():
+            if not bool((relevance[queries == q] > 0).any()):
+                holders = ", ".join(str(k) for k, c in enumerate(qs) if bool((c == q).any()))
+                raise FedriskError(
+                    f"{self.name}: the federation: query {q} has no relevant item (every relevance is 0; held by "
+                    f"client {holders}); NDCG is undefined for it. Drop the query or give it a relevant item"
+                )
+        for k, r in enumerate(rels):
+            if not bool((r > 0).any()):
+                self.no_relevant_item(k, int(r.numel()))
+
+    def no_relevant_item(self, client: int, n: int) -> None:
+        """A client holding no relevant item: FeDXL2 warns (its items still serve as G2's active
+        items and as other clients' passive partners); Local Pair refuses (nothing to train on)."""
+        warnings.warn(
+            f"{self.name}: client {client} holds no query with a relevant item ({n} items): it has no anchor, "
+            "so its G1 term is 0; its items still train through G2 and serve as other clients' partners",
+            SingleClassClientWarning,
+            stacklevel=3,
+        )
 
     def scores(self, params: Tree, x: Tensor) -> Tensor:
         out = single_output(self.model.apply(params, x), self.name)
@@ -423,6 +446,13 @@ class LocalNDCG(FeDXL2NDCG):
 
     name: ClassVar[str] = "local_ndcg"
     federated_pairs: ClassVar[bool] = False
+
+    def no_relevant_item(self, client: int, n: int) -> None:
+        raise FedriskError(
+            f"{self.name}: client {client} holds no query with a relevant item ({n} items): Local Pair has no anchor "
+            "there and the client cannot train; allowed: a partition that gives every client a relevant item, or "
+            "fedxl2_ndcg (its cross-client pairs use such a client's items)"
+        )
 
 
 @dataclass(frozen=True)
