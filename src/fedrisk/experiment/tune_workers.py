@@ -14,6 +14,7 @@ not fork-safe once the parent has run multi-threaded work and the child runs som
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -65,7 +66,8 @@ class _Forked:
 
     def __init__(self, target: Callable[[], int], log: Any) -> None:
         for stream in (sys.stdout, sys.stderr):
-            stream.flush()  # nothing buffered is written twice
+            with contextlib.suppress(OSError, ValueError):  # a closed stream holds nothing to write twice
+                stream.flush()  # nothing buffered is written twice
         self.returncode: int | None = None
         self.pid = os.fork()
         if self.pid:
