@@ -91,7 +91,8 @@ from fedrisk.algorithms.local import check_sampling, sample_batches
 from fedrisk.algorithms.primal_dual import Directions, LocalWindow, flat_directions, local_sgda, server_extrapolate
 from fedrisk.autodiff import in_functorch_transform, value_and_grad
 from fedrisk.errors import FedriskError, check_int, check_range, unknown_name
-from fedrisk.objectives.adversarial import GAME_REGISTRY, MinimaxGame, tree_projection
+from fedrisk.models.functional import FunctionalModel
+from fedrisk.objectives.adversarial import GAME_REGISTRY, Batch, MinimaxGame, tree_projection
 from fedrisk.objectives.minimax import (
     DUAL_SETS,
     make_projection,
@@ -204,8 +205,8 @@ class LocalSGDA(Algorithm):
     quadratic_seed: int = 0
     freeze_dual: bool = False
     stationarity: bool = False
-    dual_model: Any = None
-    objective_fn: Any = None
+    dual_model: FunctionalModel | None = None
+    objective_fn: Callable[[Tree, Tree, Batch], Tensor] | MinimaxGame | None = None
     noise_dim: int = 0
     dual_set: str = "auto"
     dual_low: float = -1.0
