@@ -66,8 +66,8 @@ def test_a_vector_network_dual_reproduces_the_flat_fair_game(cls: type, extra: d
     common = {"lr": 0.2, "local_steps": 3, "batch_size": 8, **extra}
     flat = cls(model=FunctionalModel(build_model("logreg", (NUM_FEATURES,), c)), game="fair_class", **common)
     dual = FunctionalModel(build_model("vector", (NUM_FEATURES,), c, init=1.0 / c))
-    net = cls(model=FunctionalModel(build_model("logreg", (NUM_FEATURES,), c)), dual_model=dual, objective_fn=fair_objective,
-              dual_set="simplex", **common)  # fmt: skip
+    model = FunctionalModel(build_model("logreg", (NUM_FEATURES,), c))
+    net = cls(model=model, dual_model=dual, objective_fn=fair_objective, dual_set="simplex", **common)
     sims = [Simulation(a, fed, seed=2, dtype=F64) for a in (flat, net)]
     moved = False
     for _ in range(4):

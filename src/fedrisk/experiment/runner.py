@@ -813,6 +813,9 @@ def _run(
         from fedrisk.experiment.personal_outputs import personal_callbacks  # clients.csv, alpha.csv
 
         callbacks += personal_callbacks(rd.path, stream=None if show.mode == "none" else show.stream)
+        from fedrisk.experiment.game_samples import game_callbacks  # a GAN's samples over the rounds
+
+        callbacks += game_callbacks(sim, rd.path, cfg["output.plots"])
         tracking = open_tracking(cfg, rd.path, seed=seed, resume_round=None if ckpt is None else sim.round)
         if tracking is not None:  # TensorBoard / MLflow ([output] tensorboard, mlflow)
             callbacks.append(tracking)

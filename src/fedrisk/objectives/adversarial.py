@@ -49,6 +49,7 @@ __all__ = [
     "Batch",
     "MinimaxGame",
     "gan_objective",
+    "generator_samples",
     "mixture_metrics",
     "register_game",
     "tree_projection",
@@ -80,11 +81,14 @@ class MinimaxGame:
         objective: ``f(x_params, y_params, batch) -> scalar``; ``x`` descends, ``y`` ascends.
         noise: draw ``batch.noise`` (``[B, noise_dim]``, standard normal) for every minibatch.
         metrics: ``metrics(x, y, federation, algorithm) -> {name: float}``, added to every evaluation.
+        samples: ``samples(x, algorithm) -> [N, ...]`` what the primal model generates, saved at
+            every evaluation of a config run (``DIR/samples/``) and plotted over the rounds.
     """
 
     objective: Callable[[Tree, Tree, Batch], Tensor]
     noise: bool = False
     metrics: Callable[[Tree, Tree, Any, Any], dict[str, float]] | None = None
+    samples: Callable[[Tree, Any], Tensor] | None = None
 
     def __call__(self, x: Tree, y: Tree, batch: Batch) -> Tensor:
         return self.objective(x, y, batch)
@@ -101,6 +105,7 @@ def register_game(
     *,
     noise: bool = False,
     metrics: Callable[[Tree, Tree, Any, Any], dict[str, float]] | None = None,
+    samples: Callable[[Tree, Any], Tensor] | None = None,
 ) -> Callable[[Callable[[Tree, Tree, Batch], Tensor]], Callable[[Tree, Tree, Batch], Tensor]]:
     """Register ``f(x_params, y_params, batch)`` as game ``name`` (a config's ``game = name``).
 
@@ -115,7 +120,7 @@ def register_game(
     """
 
     def deco(fn: Callable[[Tree, Tree, Batch], Tensor]) -> Callable[[Tree, Tree, Batch], Tensor]:
-        GAME_REGISTRY.add(name, MinimaxGame(fn, noise, metrics), description)
+        GAME_REGISTRY.add(name, MinimaxGame(fn, noise, metrics, samples), description)
         return fn
 
     return deco
@@ -177,6 +182,23 @@ def tree_projection(
 # ============================================================================================
 
 
+def generator_samples(x: Tree, algorithm: Any, num_samples: int = 2000) -> Tensor:
+    """``G(z)`` for ``num_samples`` noise rows drawn with seed 0 (the same noise at every call).
+
+    Example:
+        >>> from fedrisk.models import FunctionalModel, build_model
+        >>> from fedrisk.algorithms.sgda import LocalSGDA
+        >>> mlp = lambda out: FunctionalModel(build_model("mlp", (2,), out))
+        >>> alg = LocalSGDA(model=mlp(2), dual_model=mlp(1), game="gan", noise_dim=2)
+        >>> generator_samples(alg.model.init_params(0), alg, 5).shape
+        torch.Size([5, 2])
+    """
+    dtype = tensor_leaves(x)[0].dtype
+    z = torch.randn(num_samples, algorithm.noise_dim, generator=torch.Generator().manual_seed(0)).to(dtype)
+    with torch.no_grad():
+        return algorithm.model.apply(x, z).reshape(num_samples, -1)
+
+
 def mixture_metrics(x: Tree, y: Tree, federation: Any, algorithm: Any, num_samples: int = 2000) -> dict[str, float]:
     r"""Sample quality of a generator on a Gaussian mixture (``dataset = "mog_2d"``).
 
@@ -202,11 +224,8 @@ def mixture_metrics(x: Tree, y: Tree, federation: Any, algorithm: Any, num_sampl
     notes = federation.info.get("dataset_meta", {}).get("notes", {})
     if "centers" not in notes:
         return {}
-    dtype = tensor_leaves(x)[0].dtype
-    centers = torch.tensor(notes["centers"], dtype=dtype)
-    z = torch.randn(num_samples, algorithm.noise_dim, generator=torch.Generator().manual_seed(0)).to(dtype)
-    with torch.no_grad():
-        samples = algorithm.model.apply(x, z).reshape(num_samples, -1)
+    samples = generator_samples(x, algorithm, num_samples)
+    centers = torch.tensor(notes["centers"], dtype=samples.dtype)
     dist = torch.cdist(samples, centers)
     nearest, which = dist.min(dim=1)
     good = nearest <= 3.0 * float(notes["std"])
@@ -227,6 +246,7 @@ def mixture_metrics(x: Tree, y: Tree, federation: Any, algorithm: Any, num_sampl
     "model = generator, dual_model = discriminator",
     noise=True,
     metrics=mixture_metrics,
+    samples=lambda x, alg: generator_samples(x, alg, 500),
 )
 def gan_objective(x: Tree, y: Tree, batch: Batch) -> Tensor:
     r"""``f(θ, φ) = mean log σ(D_φ(real)) + mean log(1 − σ(D_φ(G_θ(z))))`` on one minibatch
