@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import tomllib
+import torch
 
 from fedrisk.errors import FedriskError
 from fedrisk.experiment.config import resolve_config
@@ -61,7 +61,7 @@ def test_the_shipped_gan_config_runs_and_plots_its_samples_over_rounds(tmp_path:
         ({"algorithm": {"game": "fair_class"}}, r"\[dual_model\] is for network games"),
         ({"algorithm": {"name": "fedavg", "game": None}}, r"\[dual_model\] is not allowed for algorithm 'fedavg'"),
         ({"algorithm": {"dual_set": "sphere"}}, r"\[algorithm\] fessgda: unknown dual_set 'sphere'"),
-        ({"algorithm": {"dual_set": "ball", "dual_radius": 0.0}}, r"\[algorithm\] fessgda: dual_radius = 0.0 is out of range"),
+        ({"algorithm": {"dual_set": "ball", "dual_radius": 0.0}}, r"fessgda: dual_radius = 0.0 is out of range"),
         ({"dual_model": {"name": "mlpp"}}, r"dual_model.name = \"mlpp\""),
     ],
 )
@@ -82,7 +82,7 @@ def test_a_dual_model_whose_output_does_not_fit_is_refused_when_the_run_is_built
 def test_a_game_registered_by_a_module_in_imports_runs_from_a_config(tmp_path: Path) -> None:
     (tmp_path / "my_game_plugin.py").write_text(
         textwrap.dedent(
-            '''
+            """
             from fedrisk.objectives.adversarial import register_game
             from fedrisk.objectives.minimax import per_sample_cross_entropy
 
@@ -91,7 +91,7 @@ def test_a_game_registered_by_a_module_in_imports_runs_from_a_config(tmp_path: P
                 loss = per_sample_cross_entropy(batch.model(x, batch.inputs), batch.labels)
                 weights = batch.dual_model(y, batch.inputs).reshape(-1).softmax(0)
                 return (weights * loss).sum()
-            '''
+            """
         )
     )
     raw = {
