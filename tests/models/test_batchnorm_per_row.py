@@ -30,15 +30,14 @@ def bn_model(policy: str | None = None) -> FunctionalModel:
 def test_a_training_forward_under_a_per_row_vmap_names_the_layer() -> None:
     fm = bn_model()
     params, x = fm.init_params(0), torch.randn(5, 3)
-    with fm.norm_scope(fm.init_stats(), train=True):
-        with pytest.raises(FedriskError, match=r"BatchNorm layer '1' is in training mode under a per-row vmap"):
-            torch.func.vmap(lambda r: fm.apply(params, r[None]))(x)
+    message = r"BatchNorm layer '1' is in training mode under a per-row vmap"
+    with fm.norm_scope(fm.init_stats(), train=True), pytest.raises(FedriskError, match=message):
+        torch.func.vmap(lambda r: fm.apply(params, r[None]))(x)
     # BatchNorm2d on one image would otherwise normalise silently by that image's own statistics
     conv = FunctionalModel(nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.BatchNorm2d(2), nn.Flatten()))
     params, x = conv.init_params(0), torch.randn(4, 1, 3, 3)
-    with conv.norm_scope(conv.init_stats(), train=True):
-        with pytest.raises(FedriskError, match=r"BatchNorm layer '1' is in training mode under a per-row vmap"):
-            torch.func.vmap(lambda r: conv.apply(params, r[None]))(x)
+    with conv.norm_scope(conv.init_stats(), train=True), pytest.raises(FedriskError, match=message):
+        torch.func.vmap(lambda r: conv.apply(params, r[None]))(x)
     fm = bn_model()
     params, x = fm.init_params(0), torch.randn(5, 3)
     with fm.norm_scope(fm.init_stats(), train=True):
