@@ -111,3 +111,14 @@ def test_a_game_registered_by_a_module_in_imports_runs_from_a_config(tmp_path: P
     finally:
         GAME_REGISTRY._entries.pop("reweighted_ce", None)
         sys.modules.pop("my_game_plugin", None)
+
+
+def test_the_python_example_with_a_custom_objective_runs() -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "examples" / "network_adversary.py"
+    spec = importlib.util.spec_from_file_location("network_adversary_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    last = module.main(rounds=2)
+    assert last["round"] == 2 and 0.0 <= last["test_accuracy"] <= 1.0

@@ -101,6 +101,7 @@ class NormScope:
         self.train = train
         self.update = update
         self.vmap_depth = vmap_depth()  # a deeper vmap in a training forward is per-row
+
     def read(self, name: str) -> Tensor:
         return unwrap_dead(self.stats[name])
 
@@ -121,7 +122,7 @@ def batch_norm(scope: NormScope, prefix: str, bn: _BatchNorm, x: Tensor) -> Tens
             raise FedriskError(
                 f"BatchNorm layer {prefix!r} is in training mode under a per-row vmap (per-sample gradients, "
                 "full-batch objectives under the vectorised executor): one row has no batch statistics; use "
-                "GroupNorm or LayerNorm, model.norm_stats = \"frozen\", or the sequential executor"
+                'GroupNorm or LayerNorm, model.norm_stats = "frozen", or the sequential executor'
             )
         out = F.batch_norm(x, None, None, weight, bias, True, 0.0, bn.eps)
         dims = [0, *range(2, x.dim())]

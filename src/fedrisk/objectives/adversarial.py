@@ -117,6 +117,7 @@ def register_game(
         ...     return (batch.dual_model(y, batch.inputs).reshape(-1).sigmoid() * err).mean()
         >>> GAME_REGISTRY.get("doc_adversary").noise
         False
+        >>> _ = GAME_REGISTRY._entries.pop("doc_adversary")  # (the example cleans up after itself)
     """
 
     def deco(fn: Callable[[Tree, Tree, Batch], Tensor]) -> Callable[[Tree, Tree, Batch], Tensor]:
