@@ -15,7 +15,8 @@ one communication round as (spec §2.1 with ``p = 0``)::
              FSGDA (Yang et al. 2022a):         x_{t+1} = x_t + η_{x,g}(x̄ − x_t),  y_{t+1} = P_Y(y_t + η_{y,g}(ȳ − y_t))
 
 The local loop is the shared primal-dual engine :func:`fedrisk.algorithms.primal_dual.local_sgda`
-(with its ``lr_dual`` for ``η_{y,l}``).  The variants, each cited in its class docstring:
+(with its ``lr_dual`` for ``η_{y,l}``).  The variants, each cited in its class docstring
+(Fed-Norm-SGDA(+) and SAGDA in :mod:`fedrisk.algorithms.sgda_baselines`, re-exported here):
 
 * :class:`LocalSGDAPlus` / :class:`FedNormSGDAPlus` — the y-steps use a snapshot ``x̂`` of the
   global x, refreshed every ``snapshot_period`` (S) rounds;
