@@ -235,3 +235,9 @@ def test_a_network_game_without_its_dual_model_and_a_vector_game_with_one_are_re
         Simulation(gan(dual_model=None), mog_fed(), seed=0)
     with pytest.raises(FedriskError, match="dual_model is for network games"):
         FSGDA(model=None, dual_model=FunctionalModel(build_model("logreg", (D,), 1)), game="fair_class")
+
+
+def test_a_dual_model_with_batchnorm_is_refused_naming_the_layer() -> None:
+    bn = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1))
+    with pytest.raises(FedriskError, match=r"dual_model: BatchNorm layer '1' has running statistics"):
+        Simulation(gan(dual_model=FunctionalModel(bn)), mog_fed(), seed=0)

@@ -58,6 +58,12 @@ def check_network_game(alg: Any, fed: FedInfo) -> None:
             f"game {game_name(alg)!r} has a network dual player: give its model ([dual_model] table in a config, "
             "dual_model=FunctionalModel(...) in Python)"
         )
+    if getattr(alg.dual_model, "norm_layers", None):
+        layer = next(iter(alg.dual_model.norm_layers))
+        raise FedriskError(
+            f"dual_model: BatchNorm layer {layer!r} has running statistics, which are federated state for the "
+            "primal model only; use GroupNorm or LayerNorm in the dual model (or no normalisation)"
+        )
 
 
 def game_name(alg: Any) -> str:
