@@ -187,3 +187,16 @@ def test_docstring_examples(claims):
 
     result = doctest.testmod(claims)
     assert result.failed == 0 and result.attempted >= 4
+
+
+def test_every_shipped_claims_config_resolves_with_its_tune_spaces(claims):
+    """What `fedrisk sweep --tune` checks before its first trial, for every row's config."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CODASCA's large-window step warnings
+        lines = claims.check_configs(claims.load_rows())
+    configs = {r.config for r in claims.load_rows() if r.config}
+    assert len(lines) == len(configs) and all("resolve" in line for line in lines)
+    shipped = sorted(str(p.relative_to(SCRIPT.parents[1])) for p in SCRIPT.parents[1].glob("configs/*/claims/*.toml"))
+    assert set(shipped) <= configs  # every claims config backs a row
