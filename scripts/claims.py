@@ -384,7 +384,7 @@ def cells(row: Row, paired: Paired | None, missing: Sequence[str] = ()) -> list[
             *head,
             "–",
             "–",
-            f"**{NOT_RUN}**: {cmd} (about {row.cpu})" + (f"; missing {len(missing)} run(s)" if missing else ""),
+            f"**{NOT_RUN}**: {cmd} (estimated CPU: {row.cpu})" + (f"; {len(missing)} run(s) missing" if missing else ""),
         ]
     d = differences(row, paired.method, paired.other)
     s = statistics(d)
