@@ -380,12 +380,8 @@ def cells(row: Row, paired: Paired | None, missing: Sequence[str] = ()) -> list[
         return [*head, "–", "–", f"**{NOT_TESTABLE}**: {row.needs}"]
     if paired is None:
         cmd = f"`{row.command}`" if row.command else "(no command)"
-        return [
-            *head,
-            "–",
-            "–",
-            f"**{NOT_RUN}**: {cmd} (estimated CPU: {row.cpu})" + (f"; {len(missing)} run(s) missing" if missing else ""),
-        ]
+        note = f"; {len(missing)} run(s) missing" if missing else ""
+        return [*head, "–", "–", f"**{NOT_RUN}**: {cmd} (estimated CPU: {row.cpu}){note}"]
     d = differences(row, paired.method, paired.other)
     s = statistics(d)
     scale = "log ratio" if row.scale == "log" else "difference"
