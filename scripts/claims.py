@@ -21,18 +21,20 @@ test (``P(Binomial(n≠0, 1/2) ≥ #d>0)``, by hand).
 The verdict rule (:func:`verdict`), at level ``ALPHA = 0.05``:
 
 1. fewer than 3 paired seeds: no verdict (the protocol needs ≥ 3);
-2. ``|mean d| < 2 · std d`` with fewer than 5 seeds: no verdict (the issue: 5 seeds where the
+2. a compared method's tuned value in the outer 5 % of its search range: no verdict (a verdict is
+   only as good as the tuning behind it: widen the range and re-tune);
+3. ``|mean d| < 2 · std d`` with fewer than 5 seeds: no verdict (the issue: 5 seeds where the
    gap is within 2 std);
-3. mean d > 0 and t-test p < ALPHA: **reproduced**, or **reproduced in direction** when the
+4. mean d > 0 and t-test p < ALPHA: **reproduced**, or **reproduced in direction** when the
    row gives the paper's effect (``paper_effect``, on the same scale as d) and the mean d is
    below half of it;
-4. otherwise **not reproduced** (the table gives d and p: the evidence the set-up would have
+5. otherwise **not reproduced** (the table gives d and p: the evidence the set-up would have
    shown the effect).
 
 Rows marked ``testable = false`` are *not testable here* (with what they need); rows whose runs
 are missing are "not run yet under the protocol" in the table (with the command and the CPU
 estimate), and ``--row ID`` on such a row stops with the missing runs and the command that
-makes them.  Tuned values at the edge of their search range are flagged (widen the range).
+makes them.  Tuned values at the edge of their search range are flagged (rule 2).
 
 ``runs/`` is not kept in git, so ``--record`` writes each row's per-seed values to
 ``docs/results/claims/<row>.csv`` and ``--from-recorded`` recomputes the verdicts from them.
@@ -185,7 +187,7 @@ def statistics(diffs: Sequence[float]) -> Stats:
     return Stats(n, mean, std, paired_t(diffs) if n > 1 else 1.0, sign_test(diffs), sum(d > 0 for d in diffs))
 
 
-def verdict(s: Stats, paper_effect: float | None = None) -> str:
+def verdict(s: Stats, paper_effect: float | None = None, edge: bool = False) -> str:
     """The documented rule (module docstring), or a "no verdict: ..." reason.
 
     Example:
@@ -196,6 +198,8 @@ def verdict(s: Stats, paper_effect: float | None = None) -> str:
     """
     if s.n < 3:
         return f"no verdict: {s.n} paired seed(s); the protocol needs >= 3"
+    if edge:
+        return "no verdict: a tuned value is at the edge of its search range; widen it and re-tune"
     if s.n < 5 and abs(s.mean) < 2 * s.std:
         return f"no verdict: the gap is within 2 std over {s.n} seeds; run 5 seeds"
     if s.mean > 0 and s.t_p < ALPHA:
@@ -393,8 +397,8 @@ def cells(row: Row, paired: Paired | None, missing: Sequence[str] = ()) -> list[
         f"{scale} {_mean_std(d)} (> 0: {row.method} better; {s.positive}/{s.n} seeds), "
         f"paired t p = {s.t_p:.3g}, sign p = {s.sign_p:.3g}"
     )
-    v = verdict(s, row.paper_effect)
-    flags = f" ⚠ tuned at the edge: {'; '.join(paired.flags)}" if paired.flags else ""
+    v = verdict(s, row.paper_effect, edge=bool(paired.flags))
+    flags = f" (⚠ {'; '.join(paired.flags)})" if paired.flags else ""
     cmd = f" `{row.command}`" if row.command else ""
     return [*head, result, diff, f"**{v}**{flags}{cmd}"]
 

@@ -67,6 +67,21 @@ def test_verdict_rule(claims, stats, effect, expected):
     assert claims.verdict(claims.Stats(*stats), effect) == expected
 
 
+def test_a_tuned_value_at_the_edge_of_its_range_withholds_the_verdict(claims, tmp_path):
+    s = claims.Stats(5, 1.0, 0.01, 1e-6, 1 / 32, 5)
+    assert claims.verdict(s) == "reproduced"
+    assert claims.verdict(s, edge=True).startswith("no verdict: a tuned value is at the edge")
+    folder = tmp_path / "runs" / "sw" / "a"
+    (folder / "tune").mkdir(parents=True)
+    (folder / "tuned.json").write_text(json.dumps({"params": {"algorithm.lr": 9.5e-5, "algorithm.beta": 0.5}}))
+    (folder / "tune" / "tune.toml").write_text(
+        '[study.space]\n"algorithm.lr" = "log:1e-4:0.3"\n"algorithm.beta" = "float:0.0:1.0"\n'
+    )
+    row = claims.Row("r", "p", "c", "n", "s", runs="runs/sw", method="a")
+    # lr 9.5e-5 sits at 0.6 % of the log range (below 1e-4 would be outside); beta in the middle
+    assert claims.edge_flags(row, "a", tmp_path) == ["a: lr=9.5e-05 at the edge of log:1e-4:0.3"]
+
+
 def _run(folder: Path, seed: int, rows: list[dict], key: str = "validation_accuracy", finished: bool = True) -> None:
     folder.mkdir(parents=True)
     (folder / "config.toml").write_text(f"[run]\nseed = {seed}\n")
