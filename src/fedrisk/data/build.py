@@ -46,8 +46,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import inspect
-from collections.abc import Mapping, Sequence
+import json
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +64,7 @@ from fedrisk.data.loaders import DATASETS, DatasetMeta, LoadedDataset, call_with
 from fedrisk.data.partition import PARTITIONERS, split_indices
 from fedrisk.errors import FedriskError, check_range
 
-__all__ = ["build_federation"]
+__all__ = ["build_federation", "reuse_federations"]
 
 _BINARIZE_KEYS = ("positive_classes", "imratio", "per_class", "balanced_test")
 _FEATURE_NOISE_KEYS = ("std", "mean", "mean_step")
@@ -74,6 +78,81 @@ def _options(what: str, given: Mapping[str, Any] | None, allowed: Sequence[str])
         if key not in allowed:
             raise FedriskError(f"unknown {what} option {key!r}; allowed: {', '.join(allowed)}")
     return opts
+
+
+# ----------------------------------------------------------------------------- reuse
+
+
+class _Reused:
+    """The federations kept by :func:`reuse_federations` (least recently used first)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, int(capacity))
+        self.kept: OrderedDict[str, Federation] = OrderedDict()
+
+    def get(self, key: str) -> Federation | None:
+        fed = self.kept.get(key)
+        if fed is not None:
+            self.kept.move_to_end(key)
+        return fed
+
+    def put(self, key: str, fed: Federation) -> None:
+        self.kept[key] = fed
+        while len(self.kept) > self.capacity:
+            self.kept.popitem(last=False)
+
+
+_reused: _Reused | None = None  # active inside reuse_federations()
+
+
+@contextlib.contextmanager
+def reuse_federations(capacity: int = 2) -> Iterator[None]:
+    """Within the block, :func:`build_federation` builds each distinct federation once.
+
+    A call with the same arguments as an earlier one in the block returns a copy of the
+    federation it built (the same tensors, fresh lists and ``info``), so the trials of a tune
+    (the same data and seed, other hyper-parameters) load, split and partition the data once
+    per process instead of once per trial.  The tensors are shared: nothing in fedrisk writes
+    into a federation's tensors (attacks and dtype casts make new ones).  At most ``capacity``
+    federations are kept (least recently used first out); a nested block uses the outer one's.
+    A process forked inside the block (the workers of ``fedrisk tune --jobs``) inherits them.
+
+    Example:
+        >>> with reuse_federations():
+        ...     a = build_federation("wine", "iid", 2, seed=0)
+        ...     b = build_federation("wine", "iid", 2, seed=0)
+        >>> a is b, a.clients[0].x is b.clients[0].x
+        (False, True)
+    """
+    global _reused
+    if _reused is not None:
+        yield
+        return
+    _reused = _Reused(capacity)
+    try:
+        yield
+    finally:
+        _reused = None
+
+
+def _reuse_key(args: Mapping[str, Any]) -> str:
+    return json.dumps(args, sort_keys=True, default=repr)
+
+
+def _reuse(reused: _Reused, key: str, build: Callable[[], Federation]) -> Federation:
+    """A copy of the federation kept under ``key``, built (outside the reuse) when missing."""
+    global _reused
+    fed = reused.get(key)
+    if fed is None:
+        _reused = None
+        try:
+            fed = build()
+        finally:
+            _reused = reused
+        reused.put(key, fed)
+    out = fed.to()  # fresh lists, the same tensors
+    out.info = copy.deepcopy(fed.info)
+    return out
 
 
 # ----------------------------------------------------------------------------- steps
@@ -242,6 +321,9 @@ def build_federation(
         >>> fed.num_clients, sum(fed.client_sizes) + len(fed.test)
         (3, 178)
     """
+    if _reused is not None:  # inside reuse_federations(): build each distinct federation once
+        args = dict(locals())
+        return _reuse(_reused, _reuse_key(args), lambda: build_federation(**args))
     check_range("client_test_fraction", client_test_fraction, 0.0, 1.0, high_inclusive=False)
     check_range("validation_fraction", validation_fraction, 0.0, 1.0, high_inclusive=False)
     check_range("client_validation_fraction", client_validation_fraction, 0.0, 1.0, high_inclusive=False)

@@ -39,6 +39,7 @@ from typing import Any, TextIO
 
 import tomli_w
 
+from fedrisk.data.build import reuse_federations
 from fedrisk.errors import FedriskError
 from fedrisk.experiment.config import ExperimentConfig, flatten
 from fedrisk.experiment.outputs import RunDir, atomic_write_text
@@ -253,6 +254,7 @@ TUNED_FILE = "tuned.json"
 """Written beside a tuned variant's seed runs (``DIR/<variant>/tuned.json``): the selected values."""
 
 
+@reuse_federations(capacity=1)  # variants on the same data share one build of it
 def run_tuned_sweep(
     cfg: ExperimentConfig,
     out: str | Path,
