@@ -60,6 +60,9 @@ def test_one_attack_adds_no_worst_case_section(tmp_path: Path) -> None:
     fake_run(tmp_path / "krum,attack.name=ipm" / "seed=0", "krum", "ipm", 0, 0.4)
     report = make_report([tmp_path], plots=False)
     assert "Worst case" not in report.table and not (tmp_path / "worst_case_heatmap.png").exists()
+    stopped_run(tmp_path / "sgd,attack.name=ipm" / "seed=0", "sgd", "ipm", 0, "NaN let through")
+    report = make_report([tmp_path], plots=False)  # one attack, but a run stopped: say so per method
+    assert "| sgd | – | – | ipm | stopped (round 0) |" in report.table.splitlines()
 
 
 def stopped_run(path: Path, algorithm: str, attack: str, seed: int, message: str) -> None:

@@ -140,11 +140,13 @@ def heatmap(
 
 
 def worst_case_section(groups: Sequence[Any], metrics: Sequence[str], out_dir: Path, plots: bool) -> WorstCase | None:
-    """The worst-case table (and heat map) when the runs cover at least two attacks, else None.
+    """The worst-case table (and heat map) when the runs cover at least two attacks or some
+    stopped with an error, else None.
 
     The metric is ``test_accuracy`` when present, else the first of ``metrics``.
     """
-    if len({_method_and_attack(g)[1] for g in groups}) < 2 or not metrics:
+    several = len({_method_and_attack(g)[1] for g in groups}) >= 2
+    if not metrics or not (several or any(getattr(r, "failure", None) for g in groups for r in g.runs)):
         return None
     metric = "test_accuracy" if "test_accuracy" in metrics else metrics[0]
     values = final_by_method_attack(groups, metric)
