@@ -28,6 +28,12 @@ models); ``variant = "seq"`` (default) uses ``w_{n,k-1}^i`` with ``w_{n,0}^i = w
 (spec ambiguity A1: with full gradients seq converges monotonically while lit oscillates like
 FRPG, and seq needs one stored model, not T).
 
+Beyond the paper (defaults reproduce it): ``pre`` runs a pre-aggregation of
+:mod:`fedrisk.aggregators.preaggregation` on the received messages before the projection (the
+sum of its m rows scaled by n / m), ``lam_schedule`` replaces lambda by ``lambda_k``
+(:func:`frpg_lam`) in (7), (8b) and the projection, ``nonfinite`` raises on or drops NaN/inf
+messages; Theorems 1-2 do not cover the first two (docs/byzantine.md).
+
 RSA (Li et al., 2019), round k with ``eta_k = lr / sqrt(k)``::
 
     worker:  w_n <- w_n - eta_k (grad f(w_n; x) + lambda_R sign(w_n - w_0))     upload w_n
