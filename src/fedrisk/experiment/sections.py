@@ -57,6 +57,7 @@ from fedrisk.experiment.schema import (
     registry_names,
     section_values,
     short,
+    signature_options,
     unknown_choice,
     validate,
 )
@@ -506,7 +507,8 @@ def resolve_aggregator(value: Any, cls: type, field_name: str, problems: list[st
 
     make = AGGREGATORS.get(name)
     robust = isinstance(make, type) and issubclass(make, RobustAggregator)
-    extra = ROBUST_AGGREGATOR_KEYS if robust else ()
+    own = signature_options(make)  # rules with their own __init__ hide the shared keys behind **kw
+    extra = tuple(k for k in ROBUST_AGGREGATOR_KEYS if k[0] not in own) if robust else ()
     model = options_section(f"aggregator {name!r}", make, extra=extra)
     options = _options(model, options, "algorithm.aggregator", problems, fill=True)
     if options:  # the shared keys stay out of the resolved table at their defaults
