@@ -163,7 +163,7 @@ def test_unknown_section_suggests_and_lists(tiny):
     tiny["algoritm"] = {"lr": 0.1}
     msg = err(tiny)
     assert msg.startswith("unknown key 'algoritm' (did you mean 'algorithm'?); valid keys in the top level: ")
-    assert "data, imports, model" in msg
+    assert "data, dual_model, imports, model" in msg
 
 
 def test_unknown_algorithm_key_suggests_and_lists(tiny):

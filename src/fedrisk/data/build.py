@@ -10,7 +10,8 @@ This is the one function the config runner calls.  The pipeline, each step seede
    subsamples positives of the *training* set only; the test set stays as loaded unless
    ``balanced_test`` is set.  The original class is kept in ``attrs["class"]``;
 3. **validation** (optional): a stratified ``validation_fraction`` of the training set is
-   held out as the global validation set;
+   held out as the global validation set (ranking data with ``attrs["query"]``: that share of
+   whole queries, so that NDCG scores complete lists);
 4. **partition** the rest with ``partition`` from
    :data:`~fedrisk.data.partition.PARTITIONERS` and ``partition_options``.  The partitioner
    sees the array named by ``partition_options["on"]``: ``"label"`` (``y``), ``"class"``
@@ -171,6 +172,21 @@ def _class_groups(train: Samples, classes: torch.Tensor) -> list[list[int]] | No
     return [sorted(groups[y]) for y in sorted(groups)]
 
 
+def _split_queries(s: Samples, fraction: float, seed: int) -> tuple[Samples, Samples]:
+    """Hold out ``ceil(fraction · Q)`` whole queries (``attrs["query"]``, at most ``Q − 1``)."""
+    queries = s.attrs["query"]
+    ids = torch.unique(queries)
+    if ids.numel() < 2:
+        raise FedriskError(
+            f"data.validation_fraction = {fraction}: the ranking training set has {ids.numel()} query; "
+            "a validation split of whole queries needs at least 2"
+        )
+    n_held = min(max(1, int(torch.ceil(torch.tensor(fraction * ids.numel())).item())), ids.numel() - 1)
+    perm = torch.randperm(ids.numel(), generator=torch.Generator().manual_seed(seed))
+    held = torch.isin(queries, ids[perm[:n_held]])
+    return s.subset(torch.nonzero(~held).flatten().tolist()), s.subset(torch.nonzero(held).flatten().tolist())
+
+
 def _split_client(s: Samples, fraction: float, seed: int, stratify: bool) -> tuple[Samples, Samples | None]:
     if fraction <= 0:
         return s, None
@@ -256,7 +272,12 @@ def build_federation(
     # 3. global validation split
     validation = None
     if validation_fraction > 0:
-        train, validation = _split_client(train, validation_fraction, T.derive_seed(seed, "validation"), classification)
+        if meta.task == "ranking" and "query" in train.attrs:  # whole queries
+            train, validation = _split_queries(train, validation_fraction, T.derive_seed(seed, "validation"))
+        else:
+            train, validation = _split_client(
+                train, validation_fraction, T.derive_seed(seed, "validation"), classification
+            )
 
     # 4. partition
     popts = dict(partition_options or {})

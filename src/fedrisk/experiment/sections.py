@@ -144,6 +144,13 @@ class Model(Section):
     reset_head: bool = key(False, "re-initialise the last layer after run.init_from (pre-train, new head)")
 
 
+class DualModel(Section):  # issue 30: the dual player of the min-max family as a network
+    name: Annotated[str, OneOf("models")] = key(
+        ..., "the dual player's model (a discriminator, an adversary; its options go beside it, as in [model])"
+    )
+    num_outputs: int = key(1, "outputs of the dual model (1: one score per row)", ge=1)
+
+
 class Objective(Section):
     name: Annotated[str, OneOf("objectives")] = key(AUTO, '"auto" or a loss name (`fedrisk list objectives`)')
 
@@ -289,6 +296,7 @@ SCHEMA: dict[str, type[Section]] = {
     "data.feature_noise": FeatureNoise,
     "data.label_noise": LabelNoise,
     "model": Model,
+    "dual_model": DualModel,
     "objective": Objective,
     "algorithm": Algorithm,
     "attack": Attack,
@@ -301,7 +309,7 @@ SCHEMA: dict[str, type[Section]] = {
 also take the named object's own options; ``data.dataset_options`` and
 ``data.partition_options`` are checked against the named loader / partitioner."""
 
-SECTIONS = ("data", "model", "objective", "algorithm", "attack", "run", "output", "sweep", "tune")
+SECTIONS = ("data", "model", "dual_model", "objective", "algorithm", "attack", "run", "output", "sweep", "tune")
 NOT_RUN_SECTIONS = ("sweep", "tune")
 """Sections that describe how runs are driven (sweeps, tuning), not one run: left out of run configs."""
 OPTIONAL_TABLES = {"data.binarize", "data.feature_noise", "data.label_noise"}
@@ -403,6 +411,48 @@ def resolve_model(table: Mapping[str, Any], problems: list[str]) -> dict[str, An
     model = options_section(f"model {name!r}", MODELS.get(name), ("input_shape", "num_outputs"), 2)
     options = _options(model, given, "model", problems, fill=True)
     return None if out is None else {**out, **options}
+
+
+def resolve_dual_model(
+    table: Mapping[str, Any], algorithm: Mapping[str, Any] | None, problems: list[str]
+) -> dict[str, Any] | None:
+    """``[dual_model]``: a zoo model with its options, as ``[model]``, for an algorithm with a
+    ``dual_model`` field (the SGDA family) playing a network game (``game = "gan"``, ...)."""
+    from fedrisk.algorithms import ALGORITHMS
+    from fedrisk.models import MODELS
+
+    fixed, given = _split(table, DualModel)
+    out = table_values(DualModel, fixed, "dual_model", problems)
+    if algorithm is not None and "dual_model" not in algorithm_fields(ALGORITHMS.get(algorithm["name"])).fixed:
+        problems.append(
+            f"[dual_model] is not allowed for algorithm {algorithm['name']!r} (it has no dual player); "
+            "allowed with: local_sgda, local_sgda_plus, fsgda, fessgda, fessgda_ncc, fed_norm_sgda(_plus), sagda"
+        )
+    if (name := _valid_name(table, "name", None, "models")) is None:
+        return None
+    model = options_section(f"model {name!r}", MODELS.get(name), ("input_shape", "num_outputs"), 2)
+    options = _options(model, given, "dual_model", problems, fill=True)
+    return None if out is None else {**out, **options}
+
+
+def check_dual_model(algorithm: Mapping[str, Any] | None, dual: bool) -> list[str]:
+    """A network game (a registered game name) needs ``[dual_model]``, a vector game refuses it."""
+    from fedrisk.objectives.adversarial import GAME_REGISTRY
+
+    if algorithm is None or "game" not in algorithm:
+        return []
+    network = algorithm["game"] in GAME_REGISTRY
+    if network and not dual:
+        return [
+            f"algorithm.game = {format_value(algorithm['game'])} is played by a network dual: add a [dual_model] "
+            'table (e.g. name = "mlp", hidden = [64])'
+        ]
+    if not network and dual:
+        return [
+            f"[dual_model] is for network games ({', '.join(GAME_REGISTRY.names())}); algorithm.game = "
+            f"{format_value(algorithm['game'])} has a vector y (remove [dual_model] or change algorithm.game)"
+        ]
+    return []
 
 
 def model_options(model: Mapping[str, Any]) -> dict[str, Any]:
