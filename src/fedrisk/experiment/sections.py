@@ -206,7 +206,7 @@ class Run(Section):
         'the validation metric that selects the reported round and the saved model: "validation_<metric>", '
         '"personal_<metric>_<stat>" (each client\'s own validation split), "none", or "auto" = validation_<first '
         "metric> with a validation split, else personal_<first metric>_mean with per-client validation splits, "
-        "else none",
+        'else none; a game\'s exact metric of its iterate ("grad_phi_norm", "generator_error") needs no split',
     )
     dtype: Annotated[str, OneOf(DTYPES)] = key("float32", "floating dtype of data and parameters")
     on_client_failure: Annotated[str, OneOf(FAILURE_POLICIES)] = key(
@@ -275,7 +275,10 @@ class Tune(Section):
     )
     trials: int = key(16, "trials per study (per variant under `sweep --tune`)", ge=1, semantic=False)
     metric: str = key(
-        "", 'the validation metric to optimise, e.g. "validation_auroc" (required to tune)', semantic=False
+        "",
+        'the validation metric to optimise, e.g. "validation_auroc", or a game\'s exact "grad_phi_norm" / '
+        '"generator_error" (required to tune)',
+        semantic=False,
     )
     pruner: Annotated[str, OneOf(("median", "halving", "none"))] = key(
         "median", "stop unpromising trials early", semantic=False
@@ -641,6 +644,10 @@ def resolve_attack(
 
 
 CLIENT_STATS = ("mean", "wmean", "std", "bottom10", "worst")
+EXACT_GAME_METRICS = ("generator_error", "grad_phi_norm")
+"""Metrics a min-max game computes exactly from its server iterate (the WGAN's distance to the
+true generator, the NC-SC game's ``||∇Φ(x)||``): population quantities with no data split behind
+them, so selecting or tuning on them looks at no test data (issue 25: tuned FESS-GDA rows)."""
 """The per-client summaries of ``fedrisk.runtime.evaluation`` (kept here: no torch import)."""
 
 
@@ -656,6 +663,8 @@ def check_select_by(select_by: str, data: Mapping[str, Any], metrics: Sequence[s
         'validation_personal_auroc_mean'
         >>> check_select_by("auto", {"validation_fraction": 0.1, "client_validation_fraction": 0.0}, ["auroc"])
         'validation_auroc'
+        >>> check_select_by("grad_phi_norm", {"validation_fraction": 0.0})  # an exact game metric
+        'grad_phi_norm'
     """
     glob, per_client = data["validation_fraction"] > 0, data.get("client_validation_fraction", 0.0) > 0
     if select_by == NONE or (select_by == AUTO and not metrics):
@@ -664,13 +673,16 @@ def check_select_by(select_by: str, data: Mapping[str, Any], metrics: Sequence[s
         if glob:
             return f"validation_{metrics[0]}"
         return f"validation_personal_{metrics[0]}_mean" if per_client else ""
+    if select_by in EXACT_GAME_METRICS:
+        return select_by
     key = "validation_" + select_by if select_by.startswith("personal_") else select_by
     personal = key.startswith("validation_personal_")
     stat = key.rsplit("_", 1)[-1]
     if not key.startswith("validation_") or (personal and stat not in CLIENT_STATS):
         raise FedriskError(
             f'run.select_by = {select_by!r} is not a validation metric; allowed: "validation_<metric>", '
-            f'"personal_<metric>_<stat>" (stat: {", ".join(CLIENT_STATS)}), "auto" or "none" (selecting on '
+            f'"personal_<metric>_<stat>" (stat: {", ".join(CLIENT_STATS)}), an exact game metric '
+            f'({", ".join(EXACT_GAME_METRICS)}), "auto" or "none" (selecting on '
             "test data would report an oracle)"
         )
     if personal and not per_client:
