@@ -70,6 +70,7 @@ from fedrisk.experiment.checkpoint import (
 )
 from fedrisk.experiment.config import ExperimentConfig, diff_configs
 from fedrisk.experiment.outputs import (
+    FAILURE,
     RECORD_KEYS,
     SELECTED_MODEL,
     RunDir,
@@ -821,6 +822,7 @@ def _run(
             callbacks.append(tracking)
     callbacks += [show, checkpointer, *user_callbacks]
     finished = False
+    (rd.path / FAILURE).unlink(missing_ok=True)
     try:
         run_simulation(
             sim,
@@ -837,6 +839,10 @@ def _run(
     except _Stop as stop:
         show.close()
         raise RunInterrupted(stop.signum, sim.round, rd) from None
+    except FedriskError as exc:  # e.g. NaN/inf replies that the aggregation refuses: reports show it
+        if primary:
+            write_json(rd.path / FAILURE, {"round": sim.round, "error": str(exc), "type": type(exc).__name__})
+        raise
     finally:
         if tracking is not None:
             tracking.close(finished)

@@ -57,6 +57,7 @@ from fedrisk.experiment.schema import (
     registry_names,
     section_values,
     short,
+    signature_options,
     unknown_choice,
     validate,
 )
@@ -555,9 +556,23 @@ def resolve_aggregator(value: Any, cls: type, field_name: str, problems: list[st
     if name not in AGGREGATORS:
         problems.append(unknown_choice("algorithm.aggregator", name, AGGREGATORS.names()))
         return None
-    model = options_section(f"aggregator {name!r}", AGGREGATORS.get(name))
+    from fedrisk.aggregators.robust import RobustAggregator
+
+    make = AGGREGATORS.get(name)
+    robust = isinstance(make, type) and issubclass(make, RobustAggregator)
+    own = signature_options(make)  # rules with their own __init__ hide the shared keys behind **kw
+    extra = tuple(k for k in ROBUST_AGGREGATOR_KEYS if k[0] not in own) if robust else ()
+    model = options_section(f"aggregator {name!r}", make, extra=extra)
     options = _options(model, options, "algorithm.aggregator", problems, fill=True)
+    if options:  # the shared keys stay out of the resolved table at their defaults
+        options = {k: v for k, v in options.items() if (k, type(v), v) not in extra}
     return {"name": name, **options} if options else name
+
+
+ROBUST_AGGREGATOR_KEYS = (("nonfinite", str, "raise"), ("pre", str, "none"), ("bucket_size", int, 2))
+"""Options of every robust aggregator (:class:`~fedrisk.aggregators.robust.RobustAggregator`)
+beside its rule's own: ``nonfinite = "raise" | "exclude"``, ``pre = "none" | "bucketing" | "nnm"
+| "arc"`` and ``bucket_size``, e.g. ``aggregator = { name = "krum", f = 4, nonfinite = "exclude" }``."""
 
 
 def _precheck_algorithm(cls: type, hyper: Mapping[str, Any], fields: AlgorithmFields) -> None:

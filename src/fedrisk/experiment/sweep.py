@@ -344,7 +344,11 @@ def shown_params(params: Mapping[str, Any]) -> str:
 
 
 def _has_records(rd: RunDir) -> bool:
-    return rd.config.is_file() and rd.metrics.is_file() and rd.metrics.stat().st_size > 0
+    """A run to report: it has records, or it stopped with an error (failure.json; the worst-case
+    table shows it)."""
+    if not (rd.config.is_file() and rd.metrics.is_file()):
+        return False
+    return rd.metrics.stat().st_size > 0 or (rd.path / "failure.json").is_file()
 
 
 def _write_sweep_config(cfg, out, grid, variants, seeds) -> None:
