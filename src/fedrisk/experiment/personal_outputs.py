@@ -273,11 +273,11 @@ def cluster_table(groups: Sequence[tuple[str, Sequence[Path]]]) -> str:
         >>> cluster_table([("fedavg", [Path("no-such-run")])])
         ''
     """
-    from sklearn.metrics import adjusted_rand_score
-
     rows = []
     for label, dirs in groups:
         found = [Path(d) / CLUSTERS_CSV for d in dirs if (Path(d) / CLUSTERS_CSV).is_file()]
+        if found:
+            from sklearn.metrics import adjusted_rand_score  # only for runs with memberships
         aris, used, rounds, first = [], [], [], []
         for path in found:
             by_round = read_clusters(path)
