@@ -546,7 +546,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", metavar="M1,M2", help="metrics (default: the run's)")
     p.add_argument("--new-clients", metavar="CONFIG", help="a config whose [data] gives the new clients")
     p.add_argument("--epochs", type=int, metavar="E", help="PERM: epochs of a new model's visits (default: the run's)")
-    p.add_argument("--rounds", type=int, default=1, metavar="R", help="other methods: rounds of their client update")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="R",
+        help="other methods: rounds of their client update (APPLE: of its DR vector)",
+    )
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser(

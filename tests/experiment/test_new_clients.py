@@ -3,10 +3,12 @@ the trained global model, the other methods' own client updates, the CLI, and th
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from fedrisk.algorithms import IFCA, PERM, FedAvg, FedFomo, LocalizedFedAvg
+from fedrisk.algorithms import APPLE, IFCA, PERM, FedAvg, FedFomo, LocalizedFedAvg
 from fedrisk.algorithms.perm_weights import mixing_weights_pgd
 from fedrisk.cli import main
 from fedrisk.data.federation import Federation, Samples
@@ -83,6 +85,69 @@ def test_ifca_and_fedavg_ft_use_their_own_client_rule() -> None:
     sim = trained(FedFomo(model=logreg(), loss=cross_entropy, lr=0.5, local_steps=2, batch_size=8), rounds=2)
     out = personalise_new_clients(sim, NEW, ["accuracy"])  # downloads, eq. (6)-(7), local steps
     assert len(out.rows) == 2 and all(0.0 <= r["accuracy"] <= 1.0 for r in out.rows)
+
+
+def _ce(alg, params, x, y):
+    return torch.nn.functional.cross_entropy(alg.model.apply(params, x.to(F64)), y)
+
+
+def test_apple_new_clients_learn_their_dr_vector_on_their_own_data_with_the_cores_frozen() -> None:
+    # full batches (a shuffled batch of all 60 rows) so that the hand loop needs no minibatch draws
+    alg = APPLE(
+        model=logreg(), loss=cross_entropy, lr=0.5, dr_lr=0.5, local_steps=2, batch_size=60, sampling="shuffle",
+        mu=0.3, decay_rounds=4,
+    )  # fmt: skip
+    sim = trained(alg, rounds=6)
+    cores = {k: v.clone() for k, v in sim.server_state["cores"].items()}
+    out = personalise_new_clients(sim, NEW, ["accuracy"], rounds=3)
+    assert all(torch.equal(sim.server_state["cores"][k], cores[k]) for k in cores)  # frozen
+    N = 6
+    for c, s in enumerate(NEW.clients):  # hand: SGD on p only, lam(r) = (1 + cos(pi r / L)) / 2 from r = 0
+        p0 = torch.full((N,), 1.0 / N, dtype=F64)
+        p = p0.clone()
+        for r in range(3):
+            lam = 0.5 * (1 + math.cos(math.pi * r / 4)) * 0.3
+            for _ in range(2):
+                phi = {k: (p.reshape(-1, 1, 1) * v).sum(0).requires_grad_(True) for k, v in cores.items()}
+                g = torch.autograd.grad(_ce(alg, phi, s.x, s.y), list(phi.values()))
+                dots = sum((gx.unsqueeze(0) * v).reshape(N, -1).sum(1) for gx, v in zip(g, cores.values()))
+                p = p - 0.5 * (dots + lam * (p - p0))
+        torch.testing.assert_close(out.weights[c], p, rtol=1e-10, atol=1e-12)
+        for k in cores:
+            torch.testing.assert_close(out.params[c][k], (p.reshape(-1, 1, 1) * cores[k]).sum(0))
+        own, other = ([0, 1, 2], [3, 4, 5]) if c == 0 else ([3, 4, 5], [0, 1, 2])  # TRAIN positions per cluster
+        assert float(p[own].sum()) > float(p[other].sum()) + 0.5  # it learns whom to learn from
+    assert out.weights.shape == (2, 6) and not out.self_column
+
+
+def test_fedfomo_new_clients_mix_the_downloads_by_their_validation_gain() -> None:
+    # num_download = N: every training model is downloaded; batch = the 48 training rows (60 - 12 validation)
+    alg = FedFomo(
+        model=logreg(), loss=cross_entropy, lr=0.3, local_steps=2, batch_size=48, sampling="shuffle",
+        num_download=6, val_fraction=0.2,
+    )  # fmt: skip
+    sim = trained(alg, rounds=3)
+    init = Simulation(alg, TRAIN, seed=0, dtype=F64).client_states[0]["model"]  # the run's initial model
+    models = sim.server_state["models"]
+    out = personalise_new_clients(sim, NEW, ["accuracy"])
+    for c, s in enumerate(NEW.clients):  # hand: eqs. (6)-(7) on the last 12 rows, then 2 full-batch steps
+        xv, yv, xt, yt = s.x[48:], s.y[48:], s.x[:48], s.y[:48]
+        own = torch.cat([init[k].reshape(-1) for k in sorted(init)])
+        base = float(_ce(alg, init, xv, yv))
+        gains = []
+        for j in range(6):
+            theta = {k: v[j] for k, v in models.items()}
+            dist = torch.cat([theta[k].reshape(-1) for k in sorted(theta)]) - own
+            gains.append((base - float(_ce(alg, theta, xv, yv))) / float(dist.norm()))
+        pos = torch.tensor(gains, dtype=F64).clamp_min(0)
+        assert float(pos.sum()) > 0
+        v = {k: init[k] + sum(float(pos[j] / pos.sum()) * (models[k][j] - init[k]) for j in range(6)) for k in init}
+        for _ in range(2):
+            q = {k: t.clone().requires_grad_(True) for k, t in v.items()}
+            g = torch.autograd.grad(_ce(alg, q, xt, yt), list(q.values()))
+            v = {k: v[k] - 0.3 * gk for k, gk in zip(q, g)}
+        for k in v:
+            torch.testing.assert_close(out.params[c][k], v[k])
 
 
 def test_bad_new_clients_are_refused() -> None:

@@ -129,6 +129,10 @@ class IFCA(Algorithm):
     def personal_params(self, server_state: Tree, client_state: Tree, client: int) -> Tree:
         return select_row(server_state["models"], client_state["cluster"])
 
+    def client_clusters(self, client_states: Mapping[int, Tree]) -> Tensor:
+        """Every client's current cluster estimate j_hat (``clusters.csv``; 0 before its first round)."""
+        return torch.stack([client_states[k]["cluster"].argmax() for k in range(len(client_states))])
+
     # -- client -------------------------------------------------------------------------
     def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
         return {"batches": sample_batches(rng, num_samples, self.local_steps, self.batch_size, self.sampling)}

@@ -11,12 +11,19 @@ A trained run's models serve clients that took no part in training, each by its 
   K local steps of size ``lr * alpha_c(host)``.  This uses the training clients' data, as
   PERM's shuffling does (default ``epochs``: the epochs the run completed, at least 1).
 * **IFCA**: the cluster model with the smallest loss on the client's training data.
+* **APPLE**: the new client's directed-relationship vector p_c over the N trained core models
+  (from the uniform p^0 = 1/N) is learned on its own training data by ``rounds`` rounds of
+  APPLE's client update with the cores frozen and no core of its own (``local_steps`` SGD steps
+  of size ``dr_lr`` per round on ``L_c(sum_j p_cj theta_j) + lam(r) mu / 2 ||p_c - p^0||^2``,
+  the cosine schedule lam(r) counted from the client's first round); its personal model is
+  ``sum_j p_cj theta_j`` and ``weights`` holds the p_c.
 * **Methods with a global model and a personalisation step** (``fedavg_ft``, ``perfedavg``,
   ``pfedme``, ``ditto``, ``apfl``) and **FedFomo**: ``rounds`` rounds (default 1) of the
   method's own ``client_update`` on the new client, from the trained server state (the
   fine-tuning steps of FedAvg-FT, Per-FedAvg's adaptation step, Ditto's proximal steps, ...;
-  FedFomo downloads ``num_download`` random training clients' models, its first-round rule);
-  the server state is not changed.
+  FedFomo starts from the run's initial model, downloads ``num_download`` random training
+  clients' models, its first-round rule, and mixes them by their loss improvement on its
+  validation rows, eqs. (6)-(7)); the server state is not changed.
 
 Methods without personal models (FedAvg, SCAFFOLD, ...) and ``local_only`` / ``perm_hetero``
 are refused with a one-line error, as is a new-client federation whose inputs or classes differ.
@@ -59,7 +66,7 @@ from fedrisk.runtime.simulation import Simulation, fed_info, local_data
 from fedrisk.tree import Tree, tree_flatten_vector, tree_map, tree_to
 
 PERM_NAMES = ("perm", "perm_two_stage", "perm_shuffling")
-UPDATE_RULE = ("fedavg_ft", "perfedavg", "pfedme", "ditto", "apfl", "fedfomo", "ifca")
+UPDATE_RULE = ("fedavg_ft", "perfedavg", "pfedme", "ditto", "apfl", "fedfomo", "ifca", "apple")
 
 
 @dataclass
@@ -73,6 +80,7 @@ class NewClients:
     summary: dict[str, float]
     weights: Tensor | None = None
     notes: list[str] = field(default_factory=list)
+    self_column: bool = True
 
 
 def check_compatible(train: Federation, new: Federation) -> None:
@@ -131,6 +139,26 @@ def perm_new_clients(
                 v, _ = sgd_steps(objective, v, hosts[h], idx, alg.lr * float(alpha[h]))
         weights.append(alpha)
         models.append(v)
+    return models, torch.stack(weights)
+
+
+def apple_new_clients(sim: Simulation, new: Federation, rounds: int = 1) -> tuple[list[Tree], Tensor]:
+    """APPLE's rule (module docstring): the DR vectors [C, N] and the personal models."""
+    from fedrisk.algorithms.apple import combine
+
+    alg, cores = sim.algorithm, sim.server_state["cores"]
+    N = sim.federation.num_clients
+    models, weights = [], []
+    for c, samples in enumerate(new.clients):
+        data = local_data(samples.to(sim.dtype))
+        dtype = next(iter(cores.values())).dtype if isinstance(cores, dict) else sim.dtype
+        state = {"p": torch.full((N,), 1.0 / N, dtype=dtype), "me": torch.zeros(N, dtype=dtype)}  # no own core
+        for r in range(rounds):  # the client's own rounds 0, 1, ...: lam(r) from its start
+            ctx = RoundContext(r, sim.info)
+            draws = alg.draw(ctx, c, len(samples), client_generator(sim.seed, 10**9 + r, c, "new_client"))
+            state = alg.client_update(ctx, {"cores": cores}, state, data, draws).state
+        weights.append(state["p"])
+        models.append(combine(cores, state["p"]))
     return models, torch.stack(weights)
 
 
@@ -194,6 +222,8 @@ def personalise_new_clients(
     weights = None
     if name in PERM_NAMES:
         models, weights = perm_new_clients(sim, new, epochs, seed)
+    elif name == "apple":
+        models, weights = apple_new_clients(sim, new, rounds)
     else:
         models = rule_new_clients(sim, new, rounds)
     rows, per_metric, sizes = [], {m: [] for m in metrics}, []
@@ -207,7 +237,7 @@ def personalise_new_clients(
     for m, vals in per_metric.items():
         for stat, v in client_summary(vals, sizes, m in LOWER_IS_BETTER).items():
             summary[f"personal_{m}_{stat}"] = v
-    return NewClients(models, rows, summary, weights)
+    return NewClients(models, rows, summary, weights, self_column=name != "apple")
 
 
 def select_clients(fed: Federation, ids: Sequence[int]) -> Federation:
@@ -279,14 +309,16 @@ def format_new_clients(out: NewClients, run: str | Path | None = None) -> str:
         return "no new clients"
     metrics = [k for k in out.rows[0] if k not in ("client", "test_samples")]
     head = ["client", "test samples", *metrics] + (
-        ["largest weights (training client: weight; 'self')"] if out.weights is not None else []
+        ["largest weights (training client: weight" + ("; 'self')" if out.self_column else ")")]
+        if out.weights is not None
+        else []
     )
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for row in out.rows:
         cells = [str(row["client"]), str(row["test_samples"]), *(f"{row[m]:.4f}" for m in metrics)]
         if out.weights is not None:
             w = out.weights[int(row["client"])]
-            N = w.shape[0] - 1
+            N = w.shape[0] - 1 if out.self_column else -1
             top = [int(j) for j in w.argsort(descending=True)[:4] if float(w[j]) > 0]
             cells.append(", ".join(f"{'self' if j == N else j}: {float(w[j]):.3f}" for j in top))
         lines.append("| " + " | ".join(cells) + " |")

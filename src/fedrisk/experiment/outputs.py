@@ -51,7 +51,8 @@ CLIENT_STATES_DIR = "client_states"  # run.client_states = "disk": one file per 
 FAILURE = "failure.json"  # a run stopped by an error: {"round", "error"} (reports show it; a rerun removes it)
 OUTPUT_FILES = (CONFIG, METRICS, SUMMARY, CHECKPOINT, CHECKPOINT_PREV, PARTITION_JSON, PARTITION_MD, "selected.pt")
 OUTPUT_FILES += (FAILURE,)
-OUTPUT_FILES += ("clients.csv", "alpha.csv", "lambda_guide.txt")  # experiment.personal_outputs.PERSONAL_FILES
+# experiment.personal_outputs.PERSONAL_FILES:
+OUTPUT_FILES += ("clients.csv", "alpha.csv", "clusters.csv", "lambda_guide.txt")
 """Files a run owns (``--overwrite`` removes exactly these and ``plots/``)."""
 
 RECORD_KEYS = ("round", "bytes_down", "bytes_up", "wall_time", "steps_per_client", "samples_seen")

@@ -10,6 +10,10 @@
     DIR/alpha.csv          algorithms with a learned client-to-client weight matrix (PERM's
                            alpha, FedFomo's and APPLE's weights): one row per client each time
                            the matrix changes: round, client, then its weight on client 0..N-1
+    DIR/clusters.csv       clustered methods (IFCA): one row per client and evaluation: round,
+                           client, cluster (the method's current estimate) and group (the
+                           client's true group where the data define one: the synthetic
+                           clusters' ``cluster`` attribute, else the set of classes it holds)
     DIR/lambda_guide.txt   PERM: the discrepancy scale and the lam range where the number of
                            partners changes, from the first estimation (also printed)
 
@@ -51,8 +55,9 @@ from fedrisk.runtime.simulation import RoundReport, Simulation
 
 CLIENTS_CSV = "clients.csv"
 ALPHA_CSV = "alpha.csv"
+CLUSTERS_CSV = "clusters.csv"
 LAMBDA_GUIDE = "lambda_guide.txt"
-PERSONAL_FILES = (CLIENTS_CSV, ALPHA_CSV, LAMBDA_GUIDE)
+PERSONAL_FILES = (CLIENTS_CSV, ALPHA_CSV, CLUSTERS_CSV, LAMBDA_GUIDE)
 """Files these callbacks own (``--overwrite`` removes them with the run's other outputs)."""
 
 
@@ -63,6 +68,34 @@ def weight_matrix(sim: Simulation) -> torch.Tensor | None:
         return fn(sim.server_state)
     rows = getattr(sim.algorithm, "client_weights", None)  # kept on the clients (APPLE's DR vectors)
     return None if rows is None else rows(sim.client_states)
+
+
+def client_clusters(sim: Simulation) -> torch.Tensor | None:
+    """The clustered method's current cluster of every client (IFCA's estimates), or None."""
+    fn = getattr(sim.algorithm, "client_clusters", None)
+    return None if fn is None else fn(sim.client_states)
+
+
+def true_groups(fed: Any) -> list[str]:
+    """Each client's true group, where the data define one: ``info["client_clusters"]``, else
+    a ``cluster`` attribute constant over the client's rows (the synthetic PERM clusters), else
+    the set of classes the client holds (``"2+7"``; clients of a ``k_classes`` split that hold
+    the same classes form a group).
+
+    Example:
+        >>> from fedrisk.data.sources.synthetic import perm_two_cluster_federation
+        >>> true_groups(perm_two_cluster_federation(4, samples_per_client=10, seed=0))
+        ['0', '0', '1', '1']
+    """
+    given = fed.info.get("client_clusters")
+    if given is not None:
+        return [str(g) for g in given]
+    attrs = [(getattr(c, "attrs", None) or {}).get("cluster") for c in fed.clients]
+    if all(a is not None and len(a) and bool((a == a[0]).all()) for a in attrs):
+        return [str(int(a[0])) for a in attrs]  # type: ignore[index]
+    return [
+        "+".join(str(k) for k in sorted(set(c.y.tolist()))) if not c.y.is_floating_point() else "" for c in fed.clients
+    ]
 
 
 def _keep_rounds(path: Path, last_round: int) -> None:
@@ -115,6 +148,27 @@ class ClientsWriter(Callback):
         _append(self.path, self.columns, out)
 
 
+class ClustersWriter(Callback):
+    """Appends every client's cluster (and its true group) at every evaluation to ``clusters.csv``
+    for algorithms that estimate cluster memberships (``client_clusters``, e.g. IFCA)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.groups: list[str] | None = None
+
+    def on_start(self, sim: Simulation) -> None:
+        _keep_rounds(self.path, sim.round)
+        if getattr(sim.algorithm, "client_clusters", None) is not None:
+            self.groups = true_groups(sim.federation)
+
+    def on_evaluation(self, sim: Simulation, record: dict[str, Any]) -> None:
+        clusters = client_clusters(sim)
+        if clusters is None or self.groups is None:
+            return
+        rows = [[record["round"], k, int(c), self.groups[k]] for k, c in enumerate(clusters.tolist())]
+        _append(self.path, ["round", "client", "cluster", "group"], rows)
+
+
 class AlphaWriter(Callback):
     """Writes the algorithm's weight matrix to ``alpha.csv`` whenever it changes, and PERM's
     lam guide (:func:`fedrisk.algorithms.perm_weights.lambda_guide`) after its first estimation."""
@@ -162,11 +216,15 @@ class AlphaWriter(Callback):
 
 
 def personal_callbacks(run_dir: str | Path, stream: TextIO | None = sys.stderr) -> list[Callback]:
-    """The callbacks writing ``clients.csv``, ``alpha.csv`` and ``lambda_guide.txt`` into ``run_dir``
-    (``stream``: where the lam guide is printed; None: not printed)."""
+    """The callbacks writing ``clients.csv``, ``alpha.csv``, ``clusters.csv`` and ``lambda_guide.txt``
+    into ``run_dir`` (``stream``: where the lam guide is printed; None: not printed)."""
     d = Path(run_dir)
     d.mkdir(parents=True, exist_ok=True)
-    return [ClientsWriter(d / CLIENTS_CSV), AlphaWriter(d / ALPHA_CSV, d / LAMBDA_GUIDE, stream)]
+    return [
+        ClientsWriter(d / CLIENTS_CSV),
+        AlphaWriter(d / ALPHA_CSV, d / LAMBDA_GUIDE, stream),
+        ClustersWriter(d / CLUSTERS_CSV),
+    ]
 
 
 def _number(text: str) -> Any:
@@ -194,6 +252,59 @@ def read_alpha(path: str | Path) -> list[dict[str, Any]]:
         for row in reader:
             by_round.setdefault(int(row[0]), []).append([float(x) for x in row[2:]])
     return [{"round": r, "alpha": torch.tensor(m, dtype=torch.float64)} for r, m in by_round.items()]
+
+
+def read_clusters(path: str | Path) -> dict[int, list[tuple[int, str]]]:
+    """The memberships of a ``clusters.csv``: per evaluation round, (cluster, true group) per client."""
+    out: dict[int, list[tuple[int, str]]] = {}
+    with open(path, encoding="utf-8", newline="") as fh:
+        for row in csv.DictReader(fh):
+            out.setdefault(int(row["round"]), []).append((int(row["cluster"]), row["group"]))
+    return out
+
+
+def cluster_table(groups: Sequence[tuple[str, Sequence[Path]]]) -> str:
+    """Per configuration with a ``clusters.csv``: the clusters in use at the last evaluation and
+    the adjusted Rand index (ARI) of the estimated memberships against the true groups (1: the
+    same partition up to the cluster names; about 0: no better than chance), per seed and mean
+    ± std; "" when no run has the file.
+
+    Example:
+        >>> cluster_table([("fedavg", [Path("no-such-run")])])
+        ''
+    """
+    rows = []
+    for label, dirs in groups:
+        found = [Path(d) / CLUSTERS_CSV for d in dirs if (Path(d) / CLUSTERS_CSV).is_file()]
+        if found:
+            from sklearn.metrics import adjusted_rand_score  # only for runs with memberships
+        aris, used, rounds, first = [], [], [], []
+        for path in found:
+            by_round = read_clusters(path)
+            if not by_round:
+                continue
+            last = max(by_round)
+            est, truth = [c for c, _ in by_round[last]], [g for _, g in by_round[last]]
+            aris.append(float(adjusted_rand_score(truth, est)))
+            used.append(len(set(est)))
+            rounds.append(last)
+            hits = [r for r in sorted(by_round) if adjusted_rand_score(truth, [c for c, _ in by_round[r]]) >= 1.0]
+            first.append(str(hits[0]) if hits else "–")
+        if not aris:
+            continue
+        mean = sum(aris) / len(aris)
+        std = (sum((a - mean) ** 2 for a in aris) / (len(aris) - 1)) ** 0.5 if len(aris) > 1 else 0.0
+        rows.append(
+            f"| {label} | {len(aris)} | {'/'.join(map(str, rounds))} | {'/'.join(map(str, used))} | "
+            f"{mean:.4f} ± {std:.4f} | {' / '.join(f'{a:.4f}' for a in aris)} | {'/'.join(first)} |"
+        )
+    if not rows:
+        return ""
+    head = (
+        "| configuration | runs | last evaluation | clusters in use | ARI vs true groups | ARI per run | "
+        "first evaluation with ARI = 1 |\n|---|---:|---:|---:|---:|---:|---:|"
+    )
+    return head + "\n" + "\n".join(rows)
 
 
 def _final_client_values(run_dir: Path, metric: str) -> list[float]:
@@ -272,13 +383,19 @@ def plot_personal(
 __all__ = [
     "ALPHA_CSV",
     "CLIENTS_CSV",
+    "CLUSTERS_CSV",
     "LAMBDA_GUIDE",
     "PERSONAL_FILES",
     "AlphaWriter",
     "ClientsWriter",
+    "ClustersWriter",
+    "client_clusters",
+    "cluster_table",
     "personal_callbacks",
     "plot_personal",
     "read_alpha",
     "read_clients",
+    "read_clusters",
+    "true_groups",
     "weight_matrix",
 ]

@@ -384,6 +384,9 @@ def make_report(
             )
         )
     personal = personal_table(groups)
+    from fedrisk.experiment.personal_outputs import cluster_table  # clusters.csv (IFCA)
+
+    clusters = cluster_table([(g.label, [r.path for r in g.runs]) for g in groups])
     out_dir = Path(out) if out is not None else _default_out(paths)
     plot_files: list[Path] = []
     if plots and any(r.records for r in runs):
@@ -417,12 +420,17 @@ def make_report(
             personal,
             "",
         ]
+    shown = [f"{h}\n\n{t}" for h, t in extra]
+    if clusters:
+        title = "Cluster memberships (clusters.csv) at the last evaluation, against the clients' true groups:"
+        lines += [title, "", clusters, ""]
+        shown.append(f"{title}\n\n{clusters}")
     lines += [f"![{p.stem}]({p.name})" for p in plot_files]
     lines += ["", "Runs:", ""] + [f"- `{r.path}`" for r in runs]
     markdown = "\n".join(lines) + "\n"
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "report.md", markdown)
-    return Report(markdown, table, groups, plot_files, out_dir / "report.md", [f"{h}\n\n{t}" for h, t in extra])
+    return Report(markdown, table, groups, plot_files, out_dir / "report.md", shown)
 
 
 def _selection_note(groups: Sequence[Group]) -> str:
