@@ -449,3 +449,26 @@ def test_vectorized_executor_matches_sequential_with_options() -> None:
     for k in range(4):
         assert torch.allclose(a.client_states[k]["u"], b.client_states[k]["u"], rtol=1e-9, atol=1e-12)
     assert a.server_state["pool_pos"].shape[0] <= 2 * 3 * 4  # τ rounds x participants x upload
+
+
+# ---------------------------------------------------------------------------------------------
+# pinned by mutation testing
+# ---------------------------------------------------------------------------------------------
+
+
+def test_local_pair_messages_and_its_loss_metric() -> None:
+    """Local Pair's single-class warning and the centralised variant's refusal, word for word, and
+    the mean training loss reported under ``loss`` (the run summary's ``train_loss``)."""
+    fed, _ = label_skew()
+    kw = {"model": linear(), "lr": 0.5, "local_steps": 2, "batch_pos": 2, "batch_neg": 2}
+    with pytest.warns(SingleClassClientWarning) as seen:
+        Simulation(LocalPair(**kw), fed, seed=0, dtype=F64)
+    assert str(seen[0].message) == (
+        "local_pair: client 0 has no positive examples (40 samples), so it has no local pairs: its local update is "
+        "zero and it only contributes its unchanged model to the average"
+    )
+    with pytest.raises(FedriskError) as err:
+        Simulation(CentralizedPair(**kw), small_fed(num_clients=2), seed=0, dtype=F64)
+    assert str(err.value).endswith("pool the clients first with fedrisk.algorithms.local_only.centralized(federation)")
+    report = Simulation(LocalPair(**kw), small_fed(num_clients=2), seed=0, dtype=F64).step()
+    assert set(report.train_metrics) == {"loss"} and report.train_metrics["loss"] > 0
