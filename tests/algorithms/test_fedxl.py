@@ -472,3 +472,40 @@ def test_local_pair_messages_and_its_loss_metric() -> None:
     assert str(err.value).endswith("pool the clients first with fedrisk.algorithms.local_only.centralized(federation)")
     report = Simulation(LocalPair(**kw), small_fed(num_clients=2), seed=0, dtype=F64).step()
     assert set(report.train_metrics) == {"loss"} and report.train_metrics["loss"] > 0
+
+
+def test_server_keeps_the_scores_of_every_class_a_client_holds_even_one() -> None:
+    """A client with a single positive (negative) still contributes its positive (negative)
+    scores; one without negatives does not; a round whose participants hold no positives keeps
+    the old positive pool but still merges the negatives; ``history = 1`` keeps no pool lengths,
+    ``history = 2`` keeps each class's lengths under its own key, newest first."""
+    counts = ((1, 2), (2, 0), (2, 1), (0, 2))  # (positives, negatives)
+    info = FedInfo(4, tuple(p + n for p, n in counts), 2, tuple((n, p) for p, n in counts))  # per label 0, 1
+    replies = {
+        k: {
+            "params": {"w": torch.full((1,), float(k))},
+            "momentum": {"w": torch.zeros(1)},
+            "h_pos": torch.tensor([10.0 * k, 10.0 * k + 1]),
+            "h_neg": torch.tensor([-10.0 * k, -10.0 * k - 1, -10.0 * k - 2]),
+            "u_pos": torch.tensor([100.0 * k, 100.0 * k + 1]),
+        }
+        for k in range(4)
+    }
+    ctx = RoundContext(1, info)
+    alg = FeDXL2(model=linear(), local_steps=1, batch_pos=2, batch_neg=3)
+    start = {"params": {}, "momentum": {}, "pool_pos": torch.tensor([7.0]), "pool_neg": torch.tensor([-7.0])}
+    start["pool_u"] = torch.tensor([70.0])
+    state = alg.aggregate(ctx, start, RoundPlan([0, 1, 2]), InMemoryReplies({k: replies[k] for k in (0, 1, 2)}), None)
+    assert state["pool_pos"].tolist() == [0.0, 1.0, 10.0, 11.0, 20.0, 21.0]
+    assert state["pool_neg"].tolist() == [-0.0, -1.0, -2.0, -20.0, -21.0, -22.0]
+    assert not {"sizes_pos", "sizes_neg"} & set(state)
+    only = alg.aggregate(ctx, start, RoundPlan([3]), InMemoryReplies({3: replies[3]}), None)
+    assert only["pool_pos"].tolist() == [7.0] and only["pool_u"].tolist() == [70.0]  # no positives: kept
+    assert only["pool_neg"].tolist() == [-30.0, -31.0, -32.0]
+    two = FeDXL2(model=linear(), local_steps=1, batch_pos=2, batch_neg=3, history=2)
+    state = two.aggregate(ctx, {"params": {}, "momentum": {}}, RoundPlan([0, 2]), InMemoryReplies(
+        {k: replies[k] for k in (0, 2)}), None)  # fmt: skip
+    assert state["sizes_pos"].tolist() == [4, 0] and state["sizes_neg"].tolist() == [6, 0]
+    state = two.aggregate(ctx, state, RoundPlan([3]), InMemoryReplies({3: replies[3]}), None)
+    assert state["sizes_pos"].tolist() == [4, 0] and state["sizes_neg"].tolist() == [3, 6]
+    assert state["pool_neg"].tolist() == [-30.0, -31.0, -32.0, -0.0, -1.0, -2.0, -20.0, -21.0, -22.0]

@@ -177,6 +177,19 @@ def test_defaults_and_margins_against_hand_values() -> None:
         torch.testing.assert_close(got, want, rtol=1e-14, atol=0)
 
 
-def test_outer_value_of_an_unknown_kind_is_named() -> None:
+@pytest.mark.parametrize("fn", ["inner_loss", "outer_value", "outer_grad"])
+def test_an_unknown_kind_is_named(fn: str) -> None:
+    call = {
+        "inner_loss": lambda: inner_loss("pauc2", "square", torch.ones(2), torch.ones(3)),
+        "outer_value": lambda: outer_value("pauc2", torch.ones(2)),
+        "outer_grad": lambda: outer_grad("pauc2", torch.ones(2)),
+    }[fn]
     with pytest.raises(FedriskError, match=r"^unknown xrisk 'pauc2'\. Did you mean 'pauc'\? Valid choices: ap, auc, "):
-        outer_value("pauc2", torch.ones(2))
+        call()
+
+
+def test_inner_loss_and_outer_grad_default_to_lambda_one() -> None:
+    a, b = torch.tensor([0.9, 0.2], dtype=F64), torch.tensor([0.4, 0.7, 0.1], dtype=F64)
+    torch.testing.assert_close(inner_loss("pauc", "square", a, b), torch.exp((1 - (a[:, None] - b[None, :])) ** 2))
+    u = torch.tensor([1.5, 3.0], dtype=F64)
+    torch.testing.assert_close(outer_grad("pauc", u), 1 / u)
