@@ -509,3 +509,68 @@ def test_server_keeps_the_scores_of_every_class_a_client_holds_even_one() -> Non
     state = two.aggregate(ctx, state, RoundPlan([3]), InMemoryReplies({3: replies[3]}), None)
     assert state["sizes_pos"].tolist() == [4, 0] and state["sizes_neg"].tolist() == [3, 6]
     assert state["pool_neg"].tolist() == [-30.0, -31.0, -32.0, -0.0, -1.0, -2.0, -20.0, -21.0, -22.0]
+
+
+def _counts_info(counts: tuple[tuple[int, int], ...]) -> FedInfo:
+    """FedInfo of clients with ``(positives, negatives)`` each."""
+    return FedInfo(len(counts), tuple(p + n for p, n in counts), 2, tuple((n, p) for p, n in counts))
+
+
+@pytest.mark.parametrize(
+    ("counts", "kw", "message"),
+    [
+        # full participation: the clients holding a class, at `upload` scores each
+        (((1, 3), (0, 2), (2, 0), (1, 1)), {"batch_pos": 2, "upload": 1}, "positive scores without replacement, but "
+         "the pool may hold only 3 client(s) x 1 = 3"),
+        (((1, 3), (0, 2), (2, 0), (1, 1)), {"batch_pos": 1, "upload": 1}, "negative scores without replacement, but "
+         "the pool may hold only 3 client(s) x 1 = 3"),
+        # partial participation: the worst draw of clients_per_round clients
+        (((1, 3), (0, 2), (2, 0), (1, 1)), {"batch_pos": 2, "upload": 2, "clients_per_round": 2}, "a round requests "
+         "K·B = 4 passive positive scores without replacement, but the pool may hold only 1 client(s) x 2 = 2"),
+        (((1, 3), (2, 2), (2, 0), (1, 1)), {"batch_pos": 2, "upload": 2, "clients_per_round": 2}, "negative scores "
+         "without replacement, but the pool may hold only 1 client(s) x 2 = 2"),
+        (((1, 3), (0, 2), (2, 0), (1, 1)), {"batch_pos": 2, "upload": 2, "clients_per_round": 3}, None),
+    ],
+)  # fmt: skip
+def test_the_pool_size_check_counts_the_clients_that_hold_each_class(
+    counts: tuple, kw: dict, message: str | None
+) -> None:
+    """K = 2, B2 = 2: a client with a single positive (negative) counts, one without does not;
+    under partial participation the worst draw counts; the error names the class and the fix."""
+    alg = FeDXL1(model=linear(), local_steps=2, batch_neg=2, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SingleClassClientWarning)
+        if message is None:
+            alg.check(_counts_info(counts))
+            return
+        with pytest.raises(FedriskError) as err:
+            alg.check(_counts_info(counts))
+    assert message in str(err.value)
+    assert str(err.value).endswith(
+        "allowed: a pool at least as large as the request (raise upload or clients_per_round), or passive_sampling = "
+        "'with_replacement'"
+    )
+
+
+def test_upload_subsample_is_evenly_spaced_from_the_first_to_the_last_score() -> None:
+    alg = FeDXL1(model=linear(), local_steps=3, batch_pos=2, batch_neg=2, upload=3)
+    assert alg.subsample(torch.arange(6.0), 3).tolist() == [0.0, 2.0, 5.0]
+    assert alg.subsample(torch.arange(6.0), 6).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_history_three_keeps_three_rounds_of_pool_lengths() -> None:
+    info = _counts_info(((2, 2), (2, 2)))
+    alg = FeDXL2(model=linear(), local_steps=1, batch_pos=2, batch_neg=2, history=3)
+    state: dict = {"params": {}, "momentum": {}}
+    for r in range(4):
+        replies = {
+            k: {"params": {"w": torch.zeros(1)}, "momentum": {"w": torch.zeros(1)},
+                "h_pos": torch.full((r + 1,), 1.0 * r), "h_neg": torch.full((r + 1,), -1.0 * r),
+                "u_pos": torch.full((r + 1,), 10.0 * r)}
+            for k in range(2)
+        }  # fmt: skip
+        state = alg.aggregate(RoundContext(r + 1, info), state, RoundPlan([0, 1]), InMemoryReplies(replies), None)
+    assert state["sizes_pos"].tolist() == [8, 6, 4] and state["sizes_pos"].dtype == torch.int64
+    assert state["sizes_neg"].tolist() == [8, 6, 4] and state["sizes_neg"].dtype == torch.int64
+    assert state["pool_pos"].tolist() == [3.0] * 8 + [2.0] * 6 + [1.0] * 4  # the oldest round (r = 0) dropped
+    assert state["pool_u"].tolist() == [30.0] * 8 + [20.0] * 6 + [10.0] * 4
