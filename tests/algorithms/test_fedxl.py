@@ -574,3 +574,31 @@ def test_history_three_keeps_three_rounds_of_pool_lengths() -> None:
     assert state["sizes_neg"].tolist() == [8, 6, 4] and state["sizes_neg"].dtype == torch.int64
     assert state["pool_pos"].tolist() == [3.0] * 8 + [2.0] * 6 + [1.0] * 4  # the oldest round (r = 0) dropped
     assert state["pool_u"].tolist() == [30.0] * 8 + [20.0] * 6 + [10.0] * 4
+
+
+def test_upload_bounds_and_the_passive_pool_errors_word_for_word() -> None:
+    with pytest.raises(FedriskError, match=r"^upload = 0 is out of range; allowed: \[1, inf\)$"):
+        FeDXL1(model=None, local_steps=2, batch_pos=2, batch_neg=3, upload=0)
+    with pytest.raises(FedriskError, match=r"^fedxl1: upload = 5 exceeds the K·B = 4 scores a client computes per"):
+        FeDXL1(model=None, local_steps=2, batch_pos=2, batch_neg=3, upload=5)
+    for upload in (1, 4):  # the smallest and the largest allowed
+        assert FeDXL1(model=None, local_steps=2, batch_pos=2, batch_neg=3, upload=upload).uploads() == (upload, upload)
+    alg = FeDXL1(model=linear(), local_steps=2, batch_pos=2, batch_neg=2)
+    payload = {"pool_pos": torch.zeros(3, dtype=F64), "pool_neg": torch.zeros(4, dtype=F64)}
+    draws = {"keys_pos": torch.rand(8, dtype=F64), "keys_neg": torch.rand(8, dtype=F64)}
+    with pytest.raises(FedriskError) as err:
+        alg.passive_scores(payload, draws)
+    assert str(err.value) == (
+        "fedxl1: the pool holds 3 pos scores but a round takes K·B = 4 without replacement; allowed: a pool at least "
+        "that large, or passive_sampling = 'with_replacement'"
+    )
+    big = {"pool_pos": torch.zeros(9, dtype=F64), "pool_neg": torch.zeros(4, dtype=F64)}
+    with pytest.raises(FedriskError, match=r"^fedxl1: the pos pool \(9\) is larger than the N·τ·K·B bound$"):
+        alg.passive_scores(big, draws)
+
+
+def test_fedxl_reports_its_training_loss_as_loss() -> None:
+    sim = Simulation(FeDXL2(model=linear(), local_steps=2, batch_pos=2, batch_neg=2), small_fed(), seed=0, dtype=F64)
+    sim.step()
+    report = sim.step()
+    assert set(report.train_metrics) == {"loss"} and report.train_metrics["loss"] > 0
