@@ -193,3 +193,30 @@ def test_inner_loss_and_outer_grad_default_to_lambda_one() -> None:
     torch.testing.assert_close(inner_loss("pauc", "square", a, b), torch.exp((1 - (a[:, None] - b[None, :])) ** 2))
     u = torch.tensor([1.5, 3.0], dtype=F64)
     torch.testing.assert_close(outer_grad("pauc", u), 1 / u)
+
+
+def test_squared_hinge_default_margin_and_unknown_surrogate() -> None:
+    from fedrisk.objectives.xrisk import squared_hinge_pair
+
+    a, b = torch.tensor([0.9, 0.2], dtype=F64), torch.tensor([0.4, 0.1], dtype=F64)
+    torch.testing.assert_close(squared_hinge_pair(a, b), torch.clamp(1 - (a - b), min=0) ** 2)
+    with pytest.raises(FedriskError, match=r"^unknown surrogate 'squre'\. Did you mean 'square'\? Valid choices: "):
+        pairwise_loss("squre", a, b)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("lam", "x", "lam must be a number; got 'x'"),
+        ("gamma", True, "gamma must be a number; got True"),
+        ("beta", float("nan"), "beta must be a number; got nan"),
+        ("margin", None, "margin must be a number; got None"),
+        ("margin", 0.0, r"margin = 0.0 is out of range; allowed: (0.0, inf)"),
+        ("margin", -1.0, r"margin = -1.0 is out of range; allowed: (0.0, inf)"),
+    ],
+)
+def test_xrisk_params_are_numbers_and_name_themselves(key: str, value: object, message: str) -> None:
+    kw = {"kind": "pauc", "surrogate": "squared_hinge", "lam": 1.0, "gamma": 0.1, "beta": 0.1, "margin": 1.0}
+    with pytest.raises(FedriskError) as err:
+        check_xrisk_params(**{**kw, key: value})
+    assert str(err.value) == message
