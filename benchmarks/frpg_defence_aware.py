@@ -8,11 +8,13 @@ frames of T = 10 slots), the final test accuracy of
 * FRPG and LFRPG with B in ``--fractions`` faulty workers out of 20 (the odd workers 1, 3, ...,
   2B - 1, so every digit keeps an honest worker; the class_groups partition gives workers 2p
   and 2p + 1 digit p), next to no attack and to IPM (epsilon = 0.1) at B = 4;
-* FRPG whose server runs a pre-aggregation on the received messages before projecting and
-  summing them: nearest-neighbour mixing with f = B (Allouah et al. 2023) or bucketing with
-  s = 2 (Karimireddy et al. 2022; the bucket means' sum is scaled by n / #buckets);
+* FRPG whose server runs a pre-aggregation on the received messages before projecting each
+  and summing them (``algorithm.pre``): nearest-neighbour mixing with f = B (Allouah et al. 2023)
+  or bucketing with s = 2 (Karimireddy et al. 2022; the bucket means' sum is scaled by n / #buckets);
 * FRPG at other constant lambdas and with the growing schedule ``lambda_k = lambda_0 sqrt(k)``
-  (the attackers then send norm ``max_k lambda_k``, which the projection cuts to ``lambda_k``).
+  (``algorithm.lam_schedule = "sqrt"``; max_norm reads lambda_k of the round).
+
+configs/byzantine/frpg_defended.toml runs the pre-aggregations and schedules as a sweep.
 
     OMP_NUM_THREADS=1 python benchmarks/frpg_defence_aware.py --rounds 60 --frames 20 \\
         --out docs/results/byzantine_frpg_defence_aware.json
@@ -28,24 +30,16 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fedrisk.aggregators.base import Replies
-from fedrisk.aggregators.preaggregation import bucketing, nearest_neighbor_mixing
 from fedrisk.algorithms import FRPG, LFRPG
-from fedrisk.algorithms.base import RoundContext, RoundPlan
-from fedrisk.algorithms.frpg import frpg_server_post
 from fedrisk.attacks import IPM, MaxNorm
 from fedrisk.experiment.config import load_config
 from fedrisk.experiment.runner import build_simulation
-from fedrisk.objectives.penalties import project_l2_ball
 from fedrisk.runtime.simulation import Simulation
-from fedrisk.tree import Tree, tree_unflatten_vector
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "byzantine" / "mnist5k.toml"
 FRPG_SETTINGS = [
@@ -56,48 +50,6 @@ FRPG_SETTINGS = [
     "algorithm.lipschitz=223.1",
     "algorithm.batch_size=10",
 ]
-
-
-@dataclass(frozen=True)
-class FRPGPre(FRPG):
-    """FRPG whose server pre-aggregates the received messages before the projection and the sum."""
-
-    pre: str = "none"
-    pre_f: int = 0
-    bucket_size: int = 2
-
-    def aggregate(
-        self, ctx: RoundContext, server_state: Tree, plan: RoundPlan, replies: Replies, gen: torch.Generator
-    ) -> Tree:
-        beta, alpha0, _ = self.schedule(ctx.round + 1)
-        u0, w0 = self._server_pre(ctx, server_state)
-        x = torch.stack(replies.gather("g"))
-        n = x.shape[0]
-        if self.pre == "nnm":
-            x = nearest_neighbor_mixing(x, self.pre_f)
-        elif self.pre == "bucketing":
-            x = bucketing(x, self.bucket_size, gen)
-        g_sum = project_l2_ball(x, self.lam).sum(dim=0) * (n / x.shape[0])
-        v0 = frpg_server_post(tree_flatten(server_state["v"]), u0, g_sum, alpha0, beta, self.delta_server)
-        like = server_state["w"]
-        return {"w": tree_unflatten_vector(w0, like), "v": tree_unflatten_vector(v0, like)}
-
-
-@dataclass(frozen=True)
-class FRPGLambdaSchedule(FRPG):
-    """FRPG with ``lambda_k = lam * sqrt(k)`` in slot k (workers' prox and gradient, server's projection)."""
-
-    def at(self, ctx: RoundContext) -> FRPG:
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(FRPG)}
-        return FRPG(**{**fields, "lam": self.lam * math.sqrt(ctx.round + 1)})
-
-    def client_update(self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: Any, draws: Tree) -> Any:
-        return self.at(ctx).client_update(ctx, payload, state, data, draws)
-
-    def aggregate(
-        self, ctx: RoundContext, server_state: Tree, plan: RoundPlan, replies: Replies, gen: torch.Generator
-    ) -> Tree:
-        return self.at(ctx).aggregate(ctx, server_state, plan, replies, gen)
 
 
 class Alignment(MaxNorm):
@@ -113,12 +65,6 @@ class Alignment(MaxNorm):
         top = float(torch.linalg.vector_norm(honest, dim=1).max())
         self.c.append(float(torch.linalg.vector_norm(honest.mean(dim=0))) / top if top > 0 else math.nan)
         return own.clone() if self.forge_nothing else super().forge(honest, own, gen)
-
-
-def tree_flatten(t: Tree) -> torch.Tensor:
-    from fedrisk.tree import tree_flatten_vector
-
-    return tree_flatten_vector(t)
 
 
 def accuracy(sim: Simulation) -> float:
@@ -175,13 +121,14 @@ def main() -> None:
         timed("frpg", "max_norm", b, frpg, Alignment(), args.rounds)
         timed("lfrpg", "max_norm", b, lfrpg, Alignment(), args.frames)
     for b in (4, 8):
-        timed("frpg+nnm", "max_norm", b, FRPGPre(**fields, pre="nnm", pre_f=b), Alignment(), args.rounds)
-        timed("frpg+bucketing(s=2)", "max_norm", b, FRPGPre(**fields, pre="bucketing"), Alignment(), args.rounds)
+        nnm = dataclasses.replace(frpg, pre="nnm", pre_f=b)
+        timed("frpg+nnm", "max_norm", b, nnm, Alignment(), args.rounds)
+        bucketing = dataclasses.replace(frpg, pre="bucketing", bucket_size=2)
+        timed("frpg+bucketing(s=2)", "max_norm", b, bucketing, Alignment(), args.rounds)
     for lam in (0.4, 6.4):
         timed(f"frpg(lambda={lam})", "max_norm", 4, dataclasses.replace(frpg, lam=lam), Alignment(), args.rounds)
-    schedule = FRPGLambdaSchedule(**{**fields, "lam": 0.4})
-    top = 0.4 * math.sqrt(args.rounds)
-    timed("frpg(lambda_k=0.4 sqrt(k))", "max_norm", 4, schedule, Alignment(norm=top), args.rounds)
+    schedule = dataclasses.replace(frpg, lam=0.4, lam_schedule="sqrt")
+    timed("frpg(lambda_k=0.4 sqrt(k))", "max_norm", 4, schedule, Alignment(), args.rounds)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"rounds": args.rounds, "frames": args.frames, "rows": rows}, indent=1))

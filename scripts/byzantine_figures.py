@@ -110,6 +110,7 @@ def main() -> None:
         print(f"| {LABELS.get(m, m)} | " + " | ".join(cells) + f" | {worst} |")
 
     print("\n### Peak test accuracy (%) over the run, mean ± std over seeds\n")
+    print("*Selected on test (an oracle):* each run's best test evaluation, an upper bound, not a result.\n")
     print("| method | " + " | ".join(attacks) + " |")
     print("|---|" + "---:|" * len(attacks))
     for m in methods:

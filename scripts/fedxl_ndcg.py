@@ -1,8 +1,9 @@
 """Federated NDCG on the generated ranking set: FeDXL2 (SONG) against Local Pair and centralised
 SONG, 3 seeds, final test NDCG@5 (docs/results/fedxl.md, "Federated NDCG").
 
-The CLI's evaluation scores classification metrics only, so this script drives the simulations
-through the API; the algorithms report the test NDCG@k themselves (``state_metrics``).
+The same comparison runs from the command line with validation selection and tuning
+(``configs/fedxl/ranking_ndcg.toml``, ``run.metrics = ["ndcg@5"]``); this script drives the
+simulations through the API and reads the test NDCG@k the algorithms report (``state_metrics``).
 
 Usage::
 

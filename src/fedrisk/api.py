@@ -131,41 +131,91 @@ def _record(sim, names, splits, start, history, callbacks) -> None:
 
 class ProgressBar(Callback):
     """A ``tqdm`` progress bar over the rounds (to standard error), with the last round's mean
-    training loss and the latest evaluation's first metrics; what :func:`run_federation` shows
-    when standard error is a terminal.
+    training loss and the latest evaluation's first metrics: what :func:`run_federation` shows
+    when standard error is a terminal, and the bar of ``fedrisk run`` (``progress = "bar"``,
+    :class:`fedrisk.experiment.progress.Progress`).  The bar is created when the run starts, so a
+    resumed run starts part-way (``round``); its times (and rate) are this session's.
 
     Example:
         >>> import io
-        >>> bar = ProgressBar(total_rounds=3, file=io.StringIO())
-        >>> bar.bar.total, bar.bar.n
-        (3, 0)
+        >>> out = io.StringIO()
+        >>> bar = ProgressBar(total_rounds=3, file=out, label="fedavg")
+        >>> bar.start(round=1)
+        >>> bar.round_end(2, {"loss": 0.5})
+        >>> bar.evaluation({"round": 2, "test_accuracy": 0.75, "wall_time": 1.0})
+        >>> bar.close()
+        >>> line = out.getvalue().split(chr(13))[-1]
+        >>> "fedavg" in line, "2/3" in line, "loss=0.5" in line, "test_accuracy=0.75" in line
+        (True, True, True, True)
     """
 
-    def __init__(self, total_rounds: int, file: Any = None, max_metrics: int = 2, leave: bool = True) -> None:
-        from tqdm.auto import tqdm
+    SKIPPED = ("round", "bytes_down", "bytes_up", "wall_time", "steps_per_client", "samples_seen")
+    """Record keys that are not metrics (left off the bar)."""
 
-        self.max_metrics = max_metrics
-        self.bar = tqdm(total=total_rounds, file=file if file is not None else sys.stderr, unit="round", leave=leave)
+    def __init__(
+        self,
+        total_rounds: int,
+        file: Any = None,
+        max_metrics: int = 2,
+        leave: bool = True,
+        label: str = "",
+    ) -> None:
+        self.total, self.file, self.max_metrics, self.leave = total_rounds, file, max_metrics, leave
+        self.label = label
+        self.bar: Any = None
         self._postfix: dict[str, str] = {}
 
+    # -- Callback hooks ---------------------------------------------------------------------
     def on_start(self, sim: Simulation) -> None:
-        self.bar.n = sim.round  # a resumed run starts part-way
-        self.bar.refresh()
+        self.start(sim.round)
 
     def on_round_end(self, sim: Simulation, report: RoundReport) -> None:
-        if "loss" in report.train_metrics:
-            self._postfix["loss"] = f"{report.train_metrics['loss']:.4g}"
-        self.bar.set_postfix(self._postfix, refresh=False)
-        self.bar.update(sim.round - self.bar.n)
+        self.round_end(sim.round, report.train_metrics)
 
     def on_evaluation(self, sim: Simulation, record: dict[str, Any]) -> None:
-        shown = [(k, v) for k, v in record.items() if k not in ("round", "bytes_down", "bytes_up", "wall_time")]
+        self.evaluation(record)
+
+    def on_end(self, sim: Simulation, history: History) -> None:
+        self.close()
+
+    # -- plain methods (usable without a Simulation) -----------------------------------------
+    def start(self, round: int) -> None:
+        """Open the bar at ``round`` (a resumed run starts part-way)."""
+        from tqdm.auto import tqdm
+
+        if self.bar is not None:
+            self.bar.close()
+        self.bar = tqdm(
+            total=self.total,
+            initial=round,
+            file=self.file if self.file is not None else sys.stderr,
+            unit="round",
+            leave=self.leave,
+            desc=self.label or None,
+            dynamic_ncols=True,
+        )
+        self._postfix = {}
+
+    def round_end(self, round: int, train_metrics: Any) -> None:
+        if self.bar is None:
+            self.start(round - 1)
+        if "loss" in train_metrics:
+            self._postfix["loss"] = f"{float(train_metrics['loss']):.4g}"
+        self.bar.set_postfix(self._postfix, refresh=False)
+        self.bar.update(round - self.bar.n)
+
+    def evaluation(self, record: Any) -> None:
+        if self.bar is None:
+            self.start(int(record.get("round", 0)))
+        shown = [(k, v) for k, v in record.items() if k not in self.SKIPPED and not k.startswith("train_")]
         for k, v in shown[: self.max_metrics]:
             self._postfix[k] = f"{v:.4g}" if isinstance(v, float) else str(v)
         self.bar.set_postfix(self._postfix)
 
-    def on_end(self, sim: Simulation, history: History) -> None:
-        self.bar.close()
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 def _attached_to_terminal() -> bool:

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from fedrisk.algorithms.base import FedInfo, LocalData, RoundContext
-from fedrisk.algorithms.fedxl_ndcg import CentralizedNDCG, FeDXL2NDCG, LocalNDCG, query_stats
+from fedrisk.algorithms.fedxl_ndcg import UNSET, CentralizedNDCG, FeDXL2NDCG, LocalNDCG, query_stats
 from fedrisk.algorithms.local_only import centralized
+from fedrisk.algorithms.pairwise import SingleClassClientWarning
 from fedrisk.data.federation import Federation, Samples
 from fedrisk.data.sources.ranking import synthetic_ranking_data, synthetic_ranking_federation
 from fedrisk.errors import FedriskError
@@ -193,3 +194,77 @@ def test_local_and_centralised_ndcg_learn_to_rank() -> None:
             sim.step()
         end = alg.state_metrics(sim.server_state, f)["test_ndcg@5"]
         assert end > start + 0.15 and not math.isnan(end), (alg.name, start, end)
+
+
+def test_unset_u_never_weights_a_passive_anchor() -> None:
+    """u starts unset; the bootstrap round ships unset u's, and a passive anchor with an unset u is
+    not drawn into G2: a step whose anchor pool is all unset equals the step with G2 switched off
+    (c_q = 0).  Shipped as u = 0 they weighted G2 by ∇f(1/N), ~100× a typical ∇f (round 1 of the
+    ranking federation: test NDCG@5 collapsed to 0.08)."""
+    fed = synthetic_ranking_federation(2, queries_per_client=2, items_per_query=6, dim=3, split="items", seed=0)
+    Q = fed.info["num_queries"]
+    alg = FeDXL2NDCG(model=linear(), num_queries=Q, local_steps=3, batch_pos=2, batch_neg=3, batch_partners=2,
+                     lr=0.7, beta=0.5, gamma=0.3)  # fmt: skip
+    sim = Simulation(alg, fed, seed=0, dtype=F64)
+    assert torch.all(sim.client_states[0]["u"] == UNSET)
+    sim.step()  # bootstrap
+    assert torch.all(sim.server_state["pool_a_u"] == UNSET) and sim.server_state["pool_a"].numel() > 0
+    ctx = RoundContext(1, FedInfo(2, tuple(len(c) for c in fed.clients), 4, tuple(
+        tuple(int((c.y == g).sum()) for g in range(4)) for c in fed.clients)), kind="train")  # fmt: skip
+    payload = alg.configure(ctx, sim.server_state, torch.Generator().manual_seed(0)).broadcast
+    c = fed.clients[0]
+    data = LocalData(c.x.to(F64), c.y, torch.tensor(len(c)), {"query": c.attrs["query"]})
+    gen = torch.Generator().manual_seed(3)
+    draws = {"pos": torch.rand(3, 2, generator=gen, dtype=F64), "items": torch.rand(3, 3, generator=gen, dtype=F64),
+             "partners": torch.rand(3, 2, 2, generator=gen, dtype=F64),
+             "anchors": torch.rand(3, 3, 2, generator=gen, dtype=F64)}  # fmt: skip
+    state = sim.client_states[0]
+    step = alg.client_update(ctx, payload, state, data, draws).reply["params"]
+    g1_only = dict(payload, anchor_coef=torch.zeros_like(payload["anchor_coef"]))
+    ref = alg.client_update(ctx, g1_only, state, data, draws).reply["params"]
+    moved = sum(float((step[k] - payload["params"][k]).abs().sum()) for k in step)
+    assert moved > 1e-3  # G1 moved the model
+    for k in step:
+        assert torch.allclose(step[k], ref[k], atol=1e-12), k
+    # with estimated u's the same pool does feed G2
+    estimated = dict(payload, pool_a_u=torch.full_like(payload["pool_a_u"], 0.5))
+    with_g2 = alg.client_update(ctx, estimated, state, data, draws).reply["params"]
+    assert any(not torch.allclose(with_g2[k], ref[k], atol=1e-9) for k in step)
+
+
+def test_federated_ndcg_learns_across_clients() -> None:
+    """Four clients each holding part of every query (client-shifted features): FeDXL2 with NDCG
+    learns to rank, as Local Pair does (before the unset-u fix: NDCG@5 fell below its start)."""
+    fed = synthetic_ranking_federation(4, queries_per_client=5, items_per_query=20, test_queries_per_client=5,
+                                       dim=8, shift=0.5, split="items", seed=1)  # fmt: skip
+    alg = FeDXL2NDCG(model=linear(8), num_queries=fed.info["num_queries"], local_steps=8, batch_pos=8, batch_neg=8,
+                     batch_partners=8, lr=0.5, gamma=0.9, eval_k=5)  # fmt: skip
+    sim = Simulation(alg, fed, seed=1, dtype=F64)
+    start = alg.state_metrics(sim.server_state, fed)["test_ndcg@5"]
+    for _ in range(16):
+        sim.step()
+    end = alg.state_metrics(sim.server_state, fed)["test_ndcg@5"]
+    assert end > start + 0.3 and end > 0.55, (start, end)
+
+
+def test_a_client_without_a_relevant_item_is_named() -> None:
+    """Client 0 (its share of every query) loses its relevant items.  Local Pair refuses it (one line naming
+    the client); FeDXL2 warns and trains (its items still serve G2).  A query with no relevant item
+    anywhere names the clients holding it."""
+    fed = synthetic_ranking_federation(2, queries_per_client=2, items_per_query=6, dim=3, split="items", seed=0)
+    c0 = fed.clients[0]
+    gone = Samples(c0.x, torch.zeros_like(c0.y), c0.attrs)
+    pooled = centralized(fed).clients[0]  # every query, with its relevant items
+    moved = Federation("r", [gone, pooled], 4)
+    with pytest.raises(FedriskError, match=r"^local_ndcg: client 0 holds no query with a relevant item \(12 items\)"):
+        Simulation(LocalNDCG(model=linear(), num_queries=4), moved, seed=0)
+    with pytest.warns(SingleClassClientWarning, match="fedxl2_ndcg: client 0 holds no query with a relevant item"):
+        sim = Simulation(FeDXL2NDCG(model=linear(), num_queries=4, local_steps=2, batch_pos=2, batch_neg=2), moved)
+    for _ in range(2):
+        sim.step()
+    no_rel = Samples(pooled.x, torch.where(pooled.attrs["query"] == 2, 0, pooled.y), pooled.attrs)
+    both = Federation("r", [gone, no_rel], 4)
+    with pytest.raises(
+        FedriskError, match=r"query 2 has no relevant item \(every relevance is 0; held by client 0, 1\)"
+    ):
+        Simulation(FeDXL2NDCG(model=linear(), num_queries=4), both, seed=0)

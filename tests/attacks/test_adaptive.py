@@ -165,12 +165,33 @@ def test_nonfinite_replies_are_excluded_or_named() -> None:
         NonFiniteAttack("NaN")
 
 
-@pytest.mark.parametrize("which", ["frpg", "sgd_mean"])
-def test_nonfinite_replies_through_a_plain_sum_stop_the_run_naming_the_byzantine_clients(which) -> None:
-    alg = _frpg() if which == "frpg" else RobustSGD(model=_model(), loss=cross_entropy, lr=0.5)
+def test_nonfinite_replies_through_a_plain_sum_stop_the_run_naming_the_byzantine_clients() -> None:
+    alg = RobustSGD(model=_model(), loss=cross_entropy, lr=0.5)
     sim = Simulation(alg, _federation(), dtype=D, attack=NonFiniteAttack("inf"), byzantine=[6, 7])
     with pytest.raises(ClientFailure, match=r"Byzantine clients \[6, 7\] sent NaN/inf replies"):
         sim.step()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_frpg_raises_naming_the_nonfinite_workers_or_excludes_them(value: str) -> None:
+    """FRPG's server (algorithm.nonfinite): "raise" names the workers; "exclude" drops their
+    messages, which is the run in which they stay silent (each sends g = 0)."""
+    sim = Simulation(_frpg(), _federation(), dtype=D, attack=NonFiniteAttack(value), byzantine=[6, 7])
+    with pytest.raises(FedriskError, match=r"^frpg: the messages g of workers \[6, 7\] contain NaN/inf \(set algo"):
+        sim.step()
+    silent = type("Silent", (NonFiniteAttack,), {"forge_leaf": lambda self, own, honest, gen: torch.zeros_like(own)})
+    runs = []
+    for attack, alg in (
+        (NonFiniteAttack(value), FRPG(**{**_frpg().__dict__, "nonfinite": "exclude"})),
+        (silent(), _frpg()),
+    ):
+        sim = Simulation(alg, _federation(), dtype=D, attack=attack, byzantine=[6, 7])
+        for _ in range(3):
+            sim.step()
+        runs.append(sim.server_state["v"])
+    torch.testing.assert_close(runs[0], runs[1], rtol=1e-12, atol=1e-14)  # zeros summed in, or not
+    weight = runs[0]["linear.weight"]
+    assert bool(torch.isfinite(weight).all()) and float(weight.abs().sum()) > 0
 
 
 # ----------------------------------------------------------------------------- defence, breakdown, bad input

@@ -163,7 +163,7 @@ def test_unknown_section_suggests_and_lists(tiny):
     tiny["algoritm"] = {"lr": 0.1}
     msg = err(tiny)
     assert msg.startswith("unknown key 'algoritm' (did you mean 'algorithm'?); valid keys in the top level: ")
-    assert "data, imports, model" in msg
+    assert "data, dual_model, imports, model" in msg
 
 
 def test_unknown_algorithm_key_suggests_and_lists(tiny):
@@ -191,6 +191,26 @@ def test_unknown_names_suggest_and_list(tiny):
     assert "(did you mean 'cross_entropy'?)" in msg
     msg = err(tiny, ["algorithm.aggregator=weighted"])
     assert msg.startswith("algorithm.aggregator = \"weighted\" is not a known name (did you mean 'weighted_mean'?)")
+
+
+def test_robust_aggregator_tables_take_nonfinite_pre_and_bucket_size(tiny):
+    """Every robust aggregator's table takes the shared keys (its rule's options come from its
+    signature, which hides them behind **kw); at their defaults they stay out of the resolved table."""
+    from fedrisk.experiment.runner import build_aggregator
+
+    tiny["algorithm"] = {"name": "robust_sgd"}
+    cfg = resolve_config(tiny, ['algorithm.aggregator={name = "krum", f = 1, nonfinite = "exclude", pre = "nnm"}'])
+    assert cfg["algorithm.aggregator"] == {"name": "krum", "f": 1, "nonfinite": "exclude", "pre": "nnm"}
+    agg = build_aggregator(cfg["algorithm.aggregator"])
+    assert (agg.f, agg.nonfinite, agg.pre, agg.bucket_size) == (1, "exclude", "nnm", 2)
+    cfg = resolve_config(tiny, ['algorithm.aggregator={name = "krum", nonfinite = "raise", bucket_size = 2}'])
+    assert cfg["algorithm.aggregator"] == {"name": "krum", "f": 1}  # as before these keys existed
+    cfg = resolve_config(tiny, ['algorithm.aggregator={name = "median", nonfinite = "exclude"}'])
+    assert cfg["algorithm.aggregator"]["nonfinite"] == "exclude"  # median's own signature has it
+    assert err(tiny, ['algorithm.aggregator={name = "mean", nonfinite = "exclude"}']).startswith(
+        "unknown key 'algorithm.aggregator.nonfinite'"
+    )
+    assert "nonfinite" in err(tiny, ['algorithm.aggregator={name = "median", nonfinite = 3}'])
 
 
 def test_an_aggregator_name_that_is_not_a_string(tiny):  # (it raised a TypeError before the pydantic schema)

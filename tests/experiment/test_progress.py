@@ -4,35 +4,25 @@ from __future__ import annotations
 
 import io
 
-from fedrisk.experiment import progress as progress_module
+from fedrisk.api import ProgressBar
 from fedrisk.experiment.progress import Progress, format_duration
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_bar_shows_rounds_times_loss_and_latest_metrics(monkeypatch):
-    clock = Clock()
-    monkeypatch.setattr(progress_module.time, "perf_counter", clock)
+def test_bar_is_the_tqdm_bar_with_rounds_loss_and_latest_metrics():
+    """The bar is fedrisk.api.ProgressBar (tqdm), the one run_federation shows (issue 30)."""
     out = io.StringIO()
     p = Progress(total_rounds=10, mode="bar", stream=out, label="fedavg", elapsed_before=30.0)
     p.start(round=2)  # resumed after round 2
-    clock.now += 8.0
+    assert isinstance(p._bar, ProgressBar) and p._bar.bar.n == 2
     p.round_end(4, {"loss": 0.51234})
     p.evaluation(
         {"round": 4, "test_accuracy": 0.8, "bytes_down": 1, "bytes_up": 1, "wall_time": 38.0, "train_loss": 0.5}
     )
-    # 2 rounds in 8 s -> 6 rounds left take 24 s; elapsed counts the 30 s before the resume
-    assert p.render(200) == "[fedavg] ########------------ 4/10 00:38<00:24  loss 0.5123  test_accuracy 0.8000"
-    assert out.getvalue().startswith("\r[fedavg] ")  # redrawn in place
+    line = out.getvalue().split("\r")[-1]
+    assert line.startswith("fedavg:  40%|") and "4/10 [" in line
+    assert line.rstrip().endswith("loss=0.5123, test_accuracy=0.8]")  # train_* and byte counts left off
     p.close()
-    assert out.getvalue().endswith("\n")
-    assert len(p.render(30)) == 30
+    assert out.getvalue().endswith("\n") and p._bar is None
 
 
 def test_plain_mode_prints_one_line_per_evaluation():

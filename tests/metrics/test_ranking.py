@@ -9,7 +9,7 @@ import pytest
 from sklearn.metrics import ndcg_score
 
 from fedrisk.errors import FedriskError
-from fedrisk.metrics import ndcg_at_k, ndcg_per_query
+from fedrisk.metrics import ndcg_at_k, ndcg_per_query, parse_metric
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -55,3 +55,17 @@ def test_bad_input_is_named() -> None:
         ndcg_at_k([0.1], [1], [0], gain="log")
     with pytest.raises(FedriskError, match="relevance labels must be >= 0"):
         ndcg_at_k([0.1, 0.2], [1, -1], [0, 0])
+
+
+def test_config_names_ndcg_at_k() -> None:
+    """``run.metrics`` names: ``ndcg@k`` is the per-query NDCG@k, ``ndcg`` the whole lists; no query
+    ids read as one query; bad k is one error naming the metric."""
+    g = np.random.default_rng(5)
+    scores, rel, queries = g.random(12), g.integers(0, 3, 12), np.repeat([4, 9, 2], 4)
+    rel[[0, 4, 8]] = 2
+    assert parse_metric("ndcg@3")(scores, rel, queries) == pytest.approx(ndcg_at_k(scores, rel, queries, k=3))
+    assert parse_metric("ndcg")(scores, rel, queries) == pytest.approx(ndcg_at_k(scores, rel, queries, k=None))
+    assert parse_metric("ndcg@2")(scores, rel) == pytest.approx(ndcg_score((2.0**rel - 1)[None], scores[None], k=2))
+    for bad in ("ndcg@0", "ndcg@x", "ndcg@"):
+        with pytest.raises(FedriskError, match=rf"metric '{bad}': k must be an integer >= 1"):
+            parse_metric(bad)

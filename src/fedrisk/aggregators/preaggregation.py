@@ -25,7 +25,15 @@ from torch import Tensor
 from fedrisk.aggregators.rows import check_f, check_rows, clip_rows, pairwise_sq_distances
 from fedrisk.errors import FedriskError
 
-__all__ = ["ARC_NAME", "PRE_AGGREGATIONS", "arc", "arc_clip_count", "bucketing", "nearest_neighbor_mixing"]
+__all__ = [
+    "ARC_NAME",
+    "PRE_AGGREGATIONS",
+    "arc",
+    "arc_clip_count",
+    "bucketing",
+    "nearest_neighbor_mixing",
+    "pre_aggregate",
+]
 
 ARC_NAME = "arc"
 PRE_AGGREGATIONS = ("none", "bucketing", "nnm", ARC_NAME)
@@ -101,3 +109,23 @@ def arc(x: Tensor, f: int) -> Tensor:
     out = x.clone()
     out[order[:k]] = clip_rows(x[order[:k]], radius)
     return out
+
+
+def pre_aggregate(x: Tensor, pre: str, f: int = 0, bucket_size: int = 2, gen: torch.Generator | None = None) -> Tensor:
+    """The pre-aggregation ``pre`` of :data:`PRE_AGGREGATIONS` on the rows ``(n, d)``: ``"none"``
+    (``x`` itself), ``"bucketing"`` (``bucket_size``; ``gen`` draws the permutation), ``"nnm"`` or
+    ``"arc"`` (both with ``f``).  Shared by the robust aggregators and FRPG / LFRPG's server.
+
+    Example:
+        >>> pre_aggregate(torch.tensor([[0.0], [2.0], [10.0]]), "nnm", f=1).flatten().tolist()
+        [1.0, 1.0, 6.0]
+    """
+    if pre == "none":
+        return x
+    if pre == "bucketing":
+        return bucketing(x, bucket_size, gen if gen is not None else torch.Generator().manual_seed(0))
+    if pre == "nnm":
+        return nearest_neighbor_mixing(x, f)
+    if pre == ARC_NAME:
+        return arc(x, f)
+    raise FedriskError(f"pre = {pre!r} is not allowed; valid choices: {', '.join(PRE_AGGREGATIONS)}")

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from fedrisk.aggregators.base import Aggregator, Replies
-from fedrisk.aggregators.preaggregation import PRE_AGGREGATIONS, arc, bucketing, nearest_neighbor_mixing
+from fedrisk.aggregators.preaggregation import PRE_AGGREGATIONS, pre_aggregate
 from fedrisk.aggregators.rows import centred_gram, check_rows, medoid_gram, pairwise_sq_distances
 from fedrisk.errors import FedriskError, check_int
 from fedrisk.objectives.minimax import project_ball
@@ -323,12 +323,11 @@ class RobustAggregator(Aggregator):
 
     def aggregate_rows(self, x: Tensor, gen: torch.Generator | None = None) -> Tensor:
         """Pre-aggregation (if any) followed by the rule."""
-        if self.pre == "bucketing":
-            x = bucketing(x, self.bucket_size, gen if gen is not None else torch.Generator().manual_seed(self.seed))
-        elif self.pre == "nnm":
-            x = nearest_neighbor_mixing(x, int(self.options().get("f", 0)))
-        elif self.pre == "arc":  # adaptive robust clipping (Allouah et al. 2024) with the rule's f
-            x = arc(x, int(self.options().get("f", 0)))
+        if gen is None and self.pre == "bucketing":
+            gen = torch.Generator().manual_seed(self.seed)
+        x = pre_aggregate(
+            x, self.pre, int(self.options().get("f", 0) or 0), self.bucket_size, gen
+        )  # nnm, arc: the rule's f
         return type(self).rule(x, **self.options())
 
     def __call__(

@@ -20,6 +20,15 @@ scores of every client's sampled anchors (with query, relevance and u) and items
 merged by the server; partners of query ``q`` are drawn, with replacement, among the pool's
 entries of ``q`` (a query absent from the pool switches its term off for that step).
 
+``u`` starts *unset* (:data:`UNSET`, −1) and a row's first update reads ``u^0 = 0`` (SONG,
+LibAUC).  ``∇f(0)`` is infinite (``log2(1 + N·0) = 0``; the floor ``N u ≥ 1`` turns it into the
+largest weight ``∇f(1/N)``, ~100× a typical one), so a passive anchor whose ``u`` was never
+estimated — every anchor of the bootstrap round, and an anchor whose query had no passive
+partner when it was drawn — is left out of G2's draws (as FeDXL2's ``u_init = 1`` for ``λ log``
+in :mod:`fedrisk.algorithms.fedxl`).  Shipping them with ``u = 0`` made round 1's G2 two orders
+of magnitude too large and federated NDCG collapse (test NDCG@5 0.08 instead of 0.74,
+``docs/results/fedxl.md``).
+
 Round 0 (``"bootstrap"``) also exchanges each client's histogram of (query, relevance) counts, from
 which the server forms the global ``|S_q|``, ``|S_q^+|`` and ideal DCG ``Z_q`` and broadcasts
 them (``3 · num_queries`` numbers per round, counted by the ledger).  ``num_queries`` is a
@@ -50,6 +59,7 @@ Example (two clients holding parts of every query):
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -59,7 +69,7 @@ from torch import Tensor
 
 from fedrisk.aggregators.base import Replies
 from fedrisk.algorithms.base import Algorithm, ClientResult, FedInfo, LocalData, RoundContext, RoundPlan, sample_clients
-from fedrisk.algorithms.pairwise import SCORES
+from fedrisk.algorithms.pairwise import SCORES, SingleClassClientWarning
 from fedrisk.autodiff import value_and_grad
 from fedrisk.errors import FedriskError, check_range, unknown_name
 from fedrisk.objectives.auc import single_output
@@ -68,9 +78,12 @@ from fedrisk.objectives.xrisk import PAIRWISE_LOSSES
 from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree, tree_zeros_like
 
-__all__ = ["CentralizedNDCG", "FeDXL2NDCG", "LocalNDCG", "query_stats"]
+__all__ = ["UNSET", "CentralizedNDCG", "FeDXL2NDCG", "LocalNDCG", "query_stats"]
 
 TRAIN, BOOTSTRAP = "train", "bootstrap"
+
+UNSET = -1.0
+"""The value of a ``u`` that was never estimated (``u`` itself is a mean of losses, ``>= 0``)."""
 
 
 def query_stats(hist: Tensor, max_items: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -194,8 +207,30 @@ class FeDXL2NDCG(Algorithm):
             x = data[0].x[:1]
             with torch.no_grad():
                 single_output(self.model.apply(self.model.init_params(0, dtype=x.dtype), x), self.name)
-        queries = torch.cat([queries_of(d)[: int(d.size)] for d in data])
-        check_queries(torch.cat([d.y[: int(d.size)] for d in data]), queries, f"{self.name}: the federation")
+        qs, rels = [queries_of(d)[: int(d.size)] for d in data], [d.y[: int(d.size)] for d in data]
+        queries, relevance = torch.cat(qs), torch.cat(rels)
+        if torch.any(relevance < 0):
+            check_queries(relevance, queries, f"{self.name}: the federation")  # names the negative label
+        for q in torch.unique(queries).tolist():
+            if not bool((relevance[queries == q] > 0).any()):
+                holders = ", ".join(str(k) for k, c in enumerate(qs) if bool((c == q).any()))
+                raise FedriskError(
+                    f"{self.name}: the federation: query {q} has no relevant item (every relevance is 0; held by "
+                    f"client {holders}); NDCG is undefined for it. Drop the query or give it a relevant item"
+                )
+        for k, r in enumerate(rels):
+            if not bool((r > 0).any()):
+                self.no_relevant_item(k, int(r.numel()))
+
+    def no_relevant_item(self, client: int, n: int) -> None:
+        """A client holding no relevant item: FeDXL2 warns (its items still serve as G2's active
+        items and as other clients' passive partners); Local Pair refuses (nothing to train on)."""
+        warnings.warn(
+            f"{self.name}: client {client} holds no query with a relevant item ({n} items): it has no anchor, "
+            "so its G1 term is 0; its items still train through G2 and serve as other clients' partners",
+            SingleClassClientWarning,
+            stacklevel=3,
+        )
 
     def scores(self, params: Tree, x: Tensor) -> Tensor:
         out = single_output(self.model.apply(params, x), self.name)
@@ -213,7 +248,7 @@ class FeDXL2NDCG(Algorithm):
     def init_client(self, ctx: RoundContext, client: int, params: Tree) -> Tree:
         dtype = next(iter(params.values())).dtype if isinstance(params, dict) and params else torch.get_default_dtype()
         rows = max([sum(c[1:]) for c in ctx.fed.class_counts] + [1])  # the client's relevant rows only
-        return {"u": torch.zeros(rows, dtype=dtype)}
+        return {"u": torch.full((rows,), UNSET, dtype=dtype)}
 
     def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
         broadcast = {"params": server_state["params"]}
@@ -292,7 +327,8 @@ class FeDXL2NDCG(Algorithm):
             qa, qb = q_all[ra], q_all[rb]
             u_rows = u[rank[k]]
             if self.federated_pairs:
-                pa_valid = torch.ones_like(payload["pool_a_q"], dtype=torch.bool) & (payload["pool_a_r"] > 0)
+                # passive anchors: relevant, with an estimated u (module docstring: never ∇f(u^0))
+                pa_valid = (payload["pool_a_r"] > 0) & (payload["pool_a_u"] >= 0)
                 pb_valid = torch.ones_like(payload["pool_b_q"], dtype=torch.bool)
                 ip, mask_p = _pick_in_query(payload["pool_b_q"], pb_valid, qa[:, None], draws["partners"][k], Q)
                 ia, mask_a = _pick_in_query(payload["pool_a_q"], pa_valid, qb[:, None], draws["anchors"][k], Q)
@@ -316,7 +352,8 @@ class FeDXL2NDCG(Algorithm):
                 m1 = mask_p.to(a.dtype)
                 has_p = m1.sum(1) > 0  # no entry of the query in the pool: no update, no term
                 g = (L1.detach() * m1).sum(1) / m1.sum(1).clamp(min=1)
-                u_new = torch.where(has_p, (1 - gamma) * u_rows + gamma * g, u_rows)
+                u_old = u_rows.clamp(min=0)  # an unset u reads u^0 = 0 (SONG)
+                u_new = torch.where(has_p, (1 - gamma) * u_old + gamma * g, u_rows)
                 # the rank of a relevant item is >= 1 (itself): N u is floored at 1, so ∇f stays finite
                 u_w = torch.maximum(u_new, 1 / size[qa].clamp(min=1))
                 w1 = ndcg_grad_weight(u_w, data.y[ra], size[qa], ideal[qa]).detach() * (has_p & has_rel).to(a.dtype)
@@ -409,6 +446,13 @@ class LocalNDCG(FeDXL2NDCG):
 
     name: ClassVar[str] = "local_ndcg"
     federated_pairs: ClassVar[bool] = False
+
+    def no_relevant_item(self, client: int, n: int) -> None:
+        raise FedriskError(
+            f"{self.name}: client {client} holds no query with a relevant item ({n} items): Local Pair has no anchor "
+            "there and the client cannot train; allowed: a partition that gives every client a relevant item, or "
+            "fedxl2_ndcg (its cross-client pairs use such a client's items)"
+        )
 
 
 @dataclass(frozen=True)

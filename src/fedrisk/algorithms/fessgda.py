@@ -62,7 +62,7 @@ from fedrisk.algorithms.base import LocalData, RoundContext
 from fedrisk.algorithms.primal_dual import extrapolate
 from fedrisk.algorithms.sgda import FSGDA
 from fedrisk.errors import FedriskError, check_range
-from fedrisk.tree import Tree, tree_map
+from fedrisk.tree import Tree, tensor_leaves, tree_map
 
 __all__ = ["FESSGDA", "FESSGDARegularized", "smooth", "smoothing_step"]
 
@@ -149,7 +149,7 @@ class FESSGDARegularized(FESSGDA):
         check_range("epsilon", self.epsilon, 0.0, None, low_inclusive=False)
         if self.dual_diameter is not None:
             check_range("dual_diameter", self.dual_diameter, 0.0, None, low_inclusive=False)
-        elif self.dual_set != "simplex":
+        elif self.feasible_set != "simplex":
             raise FedriskError(
                 f"fessgda_ncc: game {self.game!r} has an unbounded Y; give dual_diameter (D(Y) of Theorem 3.3)"
             )
@@ -160,9 +160,17 @@ class FESSGDARegularized(FESSGDA):
         diameter = math.sqrt(2.0) if self.dual_diameter is None else self.dual_diameter
         return self.epsilon / (2.0 * diameter)
 
-    def gradients(self, x: Tree, y: Tensor, data: LocalData, idx: Tensor) -> tuple[Tensor, Tree, Tensor]:
-        value, gx, gy = super().gradients(x, y, data, idx)
-        dim = y.shape[-1]
-        y0 = torch.full_like(y, 1.0 / dim) if self.dual_set == "simplex" else torch.zeros_like(y)
-        diff = y - y0
-        return value - 0.5 * self.dual_reg * torch.dot(diff, diff), gx, gy - self.dual_reg * diff
+    def gradients(
+        self, x: Tree, y: Tree, data: LocalData, idx: Tensor, noise: Tensor | None = None
+    ) -> tuple[Tensor, Tree, Tree]:
+        value, gx, gy = super().gradients(x, y, data, idx, *(() if noise is None else (noise,)))
+        if isinstance(y, Tensor):
+            dim = y.shape[-1]
+            y0 = torch.full_like(y, 1.0 / dim) if self.feasible_set == "simplex" else torch.zeros_like(y)
+            diff = y - y0
+            return value - 0.5 * self.dual_reg * torch.dot(diff, diff), gx, gy - self.dual_reg * diff
+        # a network dual: y_0 = 0, or the uniform point of the simplex over all its parameters
+        dim = sum(v.numel() for v in tensor_leaves(y))
+        diff = tree_map(lambda v: v - (1.0 / dim if self.feasible_set == "simplex" else 0.0), y)
+        sq = sum((d * d).sum() for d in tensor_leaves(diff))
+        return value - 0.5 * self.dual_reg * sq, gx, tree_map(lambda g, d: g - self.dual_reg * d, gy, diff)

@@ -28,6 +28,12 @@ models); ``variant = "seq"`` (default) uses ``w_{n,k-1}^i`` with ``w_{n,0}^i = w
 (spec ambiguity A1: with full gradients seq converges monotonically while lit oscillates like
 FRPG, and seq needs one stored model, not T).
 
+Beyond the paper (defaults reproduce it): ``pre`` runs a pre-aggregation of
+:mod:`fedrisk.aggregators.preaggregation` on the received messages before the projection (the
+sum of its m rows scaled by n / m), ``lam_schedule`` replaces lambda by ``lambda_k``
+(:func:`frpg_lam`) in (7), (8b) and the projection, ``nonfinite`` raises on or drops NaN/inf
+messages; Theorems 1-2 do not cover the first two (docs/byzantine.md).
+
 RSA (Li et al., 2019), round k with ``eta_k = lr / sqrt(k)``::
 
     worker:  w_n <- w_n - eta_k (grad f(w_n; x) + lambda_R sign(w_n - w_0))     upload w_n
@@ -59,6 +65,7 @@ import torch
 from torch import Tensor
 
 from fedrisk.aggregators.base import Aggregator, Mean, Replies
+from fedrisk.aggregators.preaggregation import PRE_AGGREGATIONS, pre_aggregate
 from fedrisk.algorithms.base import Algorithm, ClientResult, FedInfo, LocalData, RoundContext, RoundPlan
 from fedrisk.algorithms.local import (
     batch,
@@ -76,10 +83,12 @@ from fedrisk.tree import Tree, tree_flatten_vector, tree_map, tree_unflatten_vec
 
 __all__ = [
     "FRPG",
+    "LAM_SCHEDULES",
     "LFRPG",
     "LFRPG_VARIANTS",
     "RSA",
     "RobustSGD",
+    "frpg_lam",
     "frpg_schedule",
     "frpg_server_post",
     "frpg_server_pre",
@@ -88,6 +97,8 @@ __all__ = [
 
 LFRPG_VARIANTS = ("seq", "lit")
 LR_DECAYS = ("sqrt", "constant")
+LAM_SCHEDULES = ("constant", "geometric", "sqrt", "list")
+NONFINITE = ("raise", "exclude")
 
 
 # ============================================================================= pure steps
@@ -106,6 +117,26 @@ def frpg_schedule(
     alpha0 = delta_server / 14 * (k + 2) ** 2 + 1.5 * lipschitz_server
     alpha = 3 * delta / 14 * (k + 2) ** 2 + lipschitz
     return beta, alpha0, alpha
+
+
+def frpg_lam(k: int, lam: float, schedule: str = "constant", decay: float = 1.0, values: Sequence[float] = ()) -> float:
+    """``lambda_k`` of slot (FRPG) or frame (LFRPG) ``k >= 1``: ``lam`` (``"constant"``, the paper),
+    ``lam * decay^(k-1)`` (``"geometric"``), ``lam * sqrt(k)`` (``"sqrt"``) or ``values[k-1]``
+    (``"list"``; the last value is kept after the list ends).
+
+    Example:
+        >>> [frpg_lam(k, 2.0, "geometric", 0.5) for k in (1, 2, 3)], frpg_lam(4, 1.0, "list", values=(3.0, 2.0))
+        ([2.0, 1.0, 0.5], 2.0)
+    """
+    if schedule == "constant":
+        return lam
+    if schedule == "geometric":
+        return lam * decay ** (k - 1)
+    if schedule == "sqrt":
+        return lam * math.sqrt(k)
+    if schedule == "list":
+        return float(values[min(k, len(values)) - 1])
+    raise unknown_name("lam_schedule", schedule, LAM_SCHEDULES)
 
 
 def frpg_server_pre(w0: Tensor, v0: Tensor, beta: float, alpha0: float, delta_server: float) -> tuple[Tensor, Tensor]:
@@ -208,6 +239,23 @@ class FRPG(_ServerModel):
         project: project every received g onto the ball of radius lambda sqrt(G) (spec A5);
             switching it off reproduces pitfall P1.
         zero_init: start every model at zero (the paper's choice) instead of the model's init.
+        pre: a pre-aggregation of the received messages before the projection and the sum (6c)
+            — not in the paper: ``"none"`` (the paper), ``"nnm"`` (nearest-neighbour mixing,
+            Allouah et al. 2023, with ``pre_f``), ``"bucketing"`` (means of random buckets of
+            ``bucket_size``, Karimireddy et al. 2022; the sum of the m bucket means is scaled by
+            n / m) or ``"arc"`` (adaptive robust clipping with ``pre_f``), the functions of
+            :mod:`fedrisk.aggregators.preaggregation`.
+        pre_f: the f of ``nnm`` / ``arc`` (2 pre_f < number of workers).
+        bucket_size: the bucket size s of ``bucketing``.
+        lam_schedule: ``lambda_k`` per slot (FRPG) / frame (LFRPG) k, used by the workers' prox
+            (8b), their message (7) and the server's projection — not in the paper:
+            ``"constant"`` (the paper: ``lam``), ``"geometric"`` (``lam * lam_decay^(k-1)``),
+            ``"sqrt"`` (``lam * sqrt(k)``) or ``"list"`` (``lam_values[k-1]``, the last value
+            kept afterwards); :func:`frpg_lam`.
+        lam_decay: the factor of ``"geometric"`` (> 0).
+        lam_values: the values of ``"list"`` (each > 0).
+        nonfinite: a message with NaN/inf entries: ``"raise"`` (an error naming the workers) or
+            ``"exclude"`` (dropped before the pre-aggregation, like a silent worker).
     """
 
     name: ClassVar[str] = "frpg"
@@ -226,14 +274,52 @@ class FRPG(_ServerModel):
     project: bool = True
     zero_init: bool = True
     full_batch: bool = False
+    pre: str = "none"
+    pre_f: int = 0
+    bucket_size: int = 2
+    lam_schedule: str = "constant"
+    lam_decay: float = 1.0
+    lam_values: tuple[float, ...] = ()
+    nonfinite: str = "raise"
 
     def __post_init__(self) -> None:
-        for name in ("lam", "mu", "delta", "delta_server", "lipschitz"):
+        for name in ("lam", "mu", "delta", "delta_server", "lipschitz", "lam_decay"):
             check_positive(name, getattr(self, name))
         if self.lipschitz_server is not None:
             check_positive("lipschitz_server", self.lipschitz_server)
         check_range("batch_size", self.batch_size, 1)
         check_sampling(self.sampling)
+        self._check_extensions()
+
+    def _check_extensions(self) -> None:
+        """The keys beyond the paper: pre-aggregation, lambda schedule, non-finite messages."""
+        if self.pre not in PRE_AGGREGATIONS:
+            raise unknown_name("pre-aggregation (algorithm.pre)", self.pre, PRE_AGGREGATIONS)
+        check_range("pre_f", self.pre_f, 0)
+        check_range("bucket_size", self.bucket_size, 1)
+        if self.pre_f and self.pre not in ("nnm", "arc"):
+            raise FedriskError(
+                f"algorithm.pre_f = {self.pre_f} is used only with pre = 'nnm' or 'arc' (pre = {self.pre!r})"
+            )
+        if self.lam_schedule not in LAM_SCHEDULES:
+            raise unknown_name("lam_schedule", self.lam_schedule, LAM_SCHEDULES)
+        if self.lam_decay != 1.0 and self.lam_schedule != "geometric":
+            raise FedriskError(
+                f"algorithm.lam_decay = {self.lam_decay:g} is used only with lam_schedule = 'geometric' "
+                f"(lam_schedule = {self.lam_schedule!r})"
+            )
+        if (self.lam_schedule == "list") != bool(self.lam_values):
+            raise FedriskError(
+                "algorithm.lam_values (one lambda per round) is needed with lam_schedule = 'list' and only then "
+                f"(lam_schedule = {self.lam_schedule!r}, lam_values = {list(self.lam_values)})"
+            )
+        for i, v in enumerate(self.lam_values):
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise FedriskError(f"algorithm.lam_values[{i}] = {v!r} is not allowed; every lambda must be > 0")
+        if self.nonfinite not in NONFINITE:
+            raise FedriskError(
+                f"algorithm.nonfinite = {self.nonfinite!r} is not allowed; valid choices: raise, exclude"
+            )
 
     def check_data(self, fed: FedInfo, data: Sequence[LocalData]) -> None:
         """Warn when ``lipschitz`` is far below the paper's L_n of softmax regression,
@@ -241,6 +327,11 @@ class FRPG(_ServerModel):
         ``1/alpha_n`` of (17) are then up to that ratio too long.  ``fedrisk run`` on a
         ``configs/byzantine`` file (whose FRPG settings live in ``[sweep.variants]``) without
         ``--set algorithm.lipschitz=...`` runs at the default 1.0."""
+        if self.pre in ("nnm", "arc") and 2 * self.pre_f >= fed.num_clients:
+            raise FedriskError(
+                f"algorithm.pre_f = {self.pre_f} is not allowed with {fed.num_clients} workers: pre = {self.pre!r} "
+                "needs 2 pre_f < the number of workers"
+            )
         norms = [float((d.x[: int(d.size)].reshape(int(d.size), -1) ** 2).sum(1).max()) for d in data if int(d.size)]
         bound = 1.0 + max(norms, default=0.0)
         if self.lipschitz < 0.1 * bound:
@@ -258,6 +349,33 @@ class FRPG(_ServerModel):
     def schedule(self, k: int) -> tuple[float, float, float]:
         """``(beta, alpha_0, alpha_n)`` for slot (FRPG) or frame (LFRPG) ``k``."""
         return frpg_schedule(k, self.delta_server, self.delta, self.l0, self.lipschitz)
+
+    def lam_at(self, k: int) -> float:
+        """``lambda_k`` for slot (FRPG) or frame (LFRPG) ``k`` (``lam`` unless ``lam_schedule`` says otherwise)."""
+        return frpg_lam(k, self.lam, self.lam_schedule, self.lam_decay, self.lam_values)
+
+    def message_sum(self, replies: Replies, lam: float, gen: torch.Generator | None) -> Tensor:
+        """``sum_n g_n`` of (6c) / (19c): the messages (non-finite ones raised or excluded), the
+        pre-aggregation ``pre`` (its m rows' sum scaled by n / m), each row projected onto the
+        ball of radius ``lam`` (spec A5; unless ``project`` is off), summed."""
+        x = torch.stack(replies.gather("g"))  # gather kind: each message is projected on its own
+        finite = torch.isfinite(x).all(dim=1)
+        if not bool(finite.all()):
+            bad = [replies.clients[i] for i in (~finite).nonzero().flatten().tolist()]
+            if self.nonfinite == "raise":
+                raise FedriskError(
+                    f"{self.name}: the messages g of workers {bad} contain NaN/inf "
+                    "(set algorithm.nonfinite = 'exclude' to drop them instead)"
+                )
+            x = x[finite]
+            if x.shape[0] == 0:
+                raise FedriskError(f"{self.name}: every message contains NaN/inf; nothing left to aggregate")
+        n = x.shape[0]
+        x = pre_aggregate(x, self.pre, self.pre_f, self.bucket_size, gen)
+        if self.project:
+            x = torch.stack([project_l2_ball(g, lam) for g in x])  # ||g|| <= lambda sqrt(G), G = 1
+        total = x.sum(dim=0)
+        return total if x.shape[0] == n else total * (n / x.shape[0])
 
     # -- server -------------------------------------------------------------------------
     def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
@@ -280,10 +398,7 @@ class FRPG(_ServerModel):
     ) -> Tree:
         beta, alpha0, _ = self.schedule(ctx.round + 1)
         u0, w0 = self._server_pre(ctx, server_state)
-        received = replies.gather("g")  # gather kind: each message is projected on its own
-        if self.project:
-            received = [project_l2_ball(g, self.lam) for g in received]  # ||g|| <= lambda sqrt(G), G = 1
-        g_sum = torch.stack(received).sum(dim=0)
+        g_sum = self.message_sum(replies, self.lam_at(ctx.round + 1), gen)
         v0 = frpg_server_post(_vec(server_state["v"]), u0, g_sum, alpha0, beta, self.delta_server)  # (6c)
         like = server_state["w"]
         return {"w": tree_unflatten_vector(w0, like), "v": tree_unflatten_vector(v0, like)}
@@ -323,7 +438,8 @@ class FRPG(_ServerModel):
         w0, w, v = _vec(payload["w0"]), _vec(state["w"]), _vec(state["v"])
         u = (1 - beta) * w + beta * v  # (8a)
         loss, s = self.stochastic_grad(like, u, data, draws, 0)
-        w, g, v = frpg_worker_slot(u, v, w0, s, alpha, beta, self.delta, self.lam, self.mu)  # (8b), (7), (8c)
+        lam = self.lam_at(ctx.round + 1)
+        w, g, v = frpg_worker_slot(u, v, w0, s, alpha, beta, self.delta, lam, self.mu)  # (8b), (7), (8c)
         new_state = {"w": tree_unflatten_vector(w, like), "v": tree_unflatten_vector(v, like)}
         return ClientResult({"g": g}, new_state, {"loss": loss})
 
@@ -371,12 +487,12 @@ class LFRPG(FRPG):
             previous = [_vec(tree_map(lambda p, k=k: p[k], slots_in)) for k in range(self.local_slots_per_round)]
         else:
             w = _vec(state["w"])  # w_{n,0}^i = w_{n,T}^{i-1}
-        g_sum, losses, slots = torch.zeros_like(w0), [], []
+        g_sum, losses, slots, lam = torch.zeros_like(w0), [], [], self.lam_at(ctx.round + 1)
         for k in range(self.local_slots_per_round):
             w_prev = previous[k] if lit else w  # (21a): w_{n,k}^{i-1} (lit) or w_{n,k-1}^i (seq)
             u = (1 - beta) * w_prev + beta * v
             loss, s = self.stochastic_grad(like, u, data, draws, k)
-            w, g, v = frpg_worker_slot(u, v, w0, s, alpha, beta, self.delta, self.lam, self.mu)  # (21b), (20), (21c)
+            w, g, v = frpg_worker_slot(u, v, w0, s, alpha, beta, self.delta, lam, self.mu)  # (21b), (20), (21c)
             g_sum = g_sum + g
             losses.append(loss)
             slots.append(w)

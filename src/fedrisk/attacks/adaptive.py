@@ -149,6 +149,7 @@ class AdaptiveAttack(Attack):
     def __init__(self, defence: Any = "auto") -> None:
         self.defence_spec = defence
         self.defence: Defence | None = None if defence == "auto" else defence_from_spec(defence)
+        self.round = 0  # the round being attacked (a defence may change over the rounds: FRPG's lam_schedule)
 
     def prepare(self, algorithm: Any, info: FedInfo, byzantine: Sequence[int]) -> None:
         if self.defence is None and self.needs_defence:
@@ -165,7 +166,7 @@ class AdaptiveAttack(Attack):
                 f"attack {self.name!r} needs the server's defence: run it through a Simulation (which calls "
                 "attack.prepare(algorithm, ...)) or give defence = an aggregator name or table"
             )
-        return self.defence
+        return self.defence.in_round(self.round)
 
     def apply(self, ctx: RoundContext, replies: Replies, byzantine: Sequence[int], gen: torch.Generator) -> Replies:
         every = replies.as_dict()
@@ -174,6 +175,7 @@ class AdaptiveAttack(Attack):
         byz_ids = [k for k in replies.clients if k in bad]
         if not byz_ids:
             return replies
+        self.round = ctx.round
         if not honest_ids:
             raise FedriskError(
                 f"attack {self.name!r} needs the honest replies of the round; round {ctx.round} has none "

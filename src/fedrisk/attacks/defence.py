@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,8 @@ class Defence:
         tolerates: ``n -> the most faulty replies the rule claims to withstand`` (None: no claim,
             e.g. the mean, static clipping or FRPG, whose influence is bounded per reply).
         limit: the condition behind ``tolerates``, for messages.
+        at: ``round -> the defence in that round`` when it changes over the rounds (FRPG / LFRPG
+            with a ``lam_schedule``), else None.
     """
 
     name: str
@@ -55,18 +58,38 @@ class Defence:
     centre: Callable[[Tensor], Tensor] | None = None
     tolerates: Callable[[int], int | None] = lambda n: None
     limit: str = ""
+    at: Callable[[int], Defence] | None = None
+
+    def in_round(self, r: int) -> Defence:
+        """The defence of round ``r`` (itself unless it changes over the rounds)."""
+        return self if self.at is None else self.at(r)
 
 
-def _frpg(lam: float, project: bool, name: str) -> Defence:
+def _frpg(lam: float, project: bool, name: str, pre: str = "none", pre_f: int = 0, bucket_size: int = 2) -> Defence:
+    from fedrisk.aggregators.preaggregation import pre_aggregate
     from fedrisk.objectives.penalties import project_l2_ball
 
     def aggregate(x: Tensor, gen: torch.Generator | None) -> Tensor:
-        # the server sums the projected messages (6c); as a mean (the sum / n) it compares with the
-        # honest mean the line search measures from
+        # the server sums the (pre-aggregated, rescaled) projected messages (6c); as a mean (the
+        # sum / n) it compares with the honest mean the line search measures from
+        x = pre_aggregate(x, pre, pre_f, bucket_size, gen)
         return torch.stack([project_l2_ball(r, lam) for r in x]).mean(dim=0) if project else x.mean(dim=0)
 
     radius = (lambda h, b: float(lam)) if project else None
-    return Defence(f"{name}(lam={lam:g}, project={project})", aggregate, radius)
+    extra = "" if pre == "none" else f", pre={pre}"
+    return Defence(f"{name}(lam={lam:g}, project={project}{extra})", aggregate, radius)
+
+
+def _frpg_of(algorithm: Any, name: str) -> Defence:
+    """FRPG / LFRPG's defence read from the algorithm: its lambda (per round with a schedule), its
+    projection and its pre-aggregation."""
+    pre = {k: getattr(algorithm, k) for k in ("pre", "pre_f", "bucket_size") if hasattr(algorithm, k)}
+    project = bool(algorithm.project)
+    first = _frpg(float(algorithm.lam_at(1) if hasattr(algorithm, "lam_at") else algorithm.lam), project, name, **pre)
+    if getattr(algorithm, "lam_schedule", "constant") == "constant":
+        return first
+    at = lambda r: _frpg(float(algorithm.lam_at(r + 1)), project, name, **pre)  # noqa: E731
+    return dataclasses.replace(first, at=at)
 
 
 def defence_of_aggregator(agg: Any) -> Defence:
@@ -126,7 +149,7 @@ def defence_of(algorithm: Any) -> Defence:
     """
     name = getattr(algorithm, "name", type(algorithm).__name__)
     if name in FRPG_NAMES:
-        return _frpg(float(algorithm.lam), bool(algorithm.project), name)
+        return _frpg_of(algorithm, name)
     agg = getattr(algorithm, "aggregator", None)
     if agg is not None:
         return defence_of_aggregator(agg)
@@ -147,11 +170,13 @@ def defence_from_spec(spec: Any) -> Defence:
     if spec["name"] in FRPG_NAMES:
         lam = options.pop("lam", 1.6)
         project = options.pop("project", True)
+        pre = {k: options.pop(k) for k in ("pre", "pre_f", "bucket_size") if k in options}
         if options:
             raise FedriskError(
-                f"attack defence {spec['name']!r}: unknown options {sorted(options)}; allowed: lam, project"
+                f"attack defence {spec['name']!r}: unknown options {sorted(options)}; allowed: lam, project, pre, "
+                "pre_f, bucket_size"
             )
-        return _frpg(float(lam), bool(project), spec["name"])
+        return _frpg(float(lam), bool(project), spec["name"], **pre)
     from fedrisk.aggregators import AGGREGATORS
 
     try:

@@ -10,7 +10,8 @@ This is the one function the config runner calls.  The pipeline, each step seede
    subsamples positives of the *training* set only; the test set stays as loaded unless
    ``balanced_test`` is set.  The original class is kept in ``attrs["class"]``;
 3. **validation** (optional): a stratified ``validation_fraction`` of the training set is
-   held out as the global validation set;
+   held out as the global validation set (ranking data with ``attrs["query"]``: that share of
+   whole queries, so that NDCG scores complete lists);
 4. **partition** the rest with ``partition`` from
    :data:`~fedrisk.data.partition.PARTITIONERS` and ``partition_options``.  The partitioner
    sees the array named by ``partition_options["on"]``: ``"label"`` (``y``), ``"class"``
@@ -45,8 +46,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import inspect
-from collections.abc import Mapping, Sequence
+import json
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +64,7 @@ from fedrisk.data.loaders import DATASETS, DatasetMeta, LoadedDataset, call_with
 from fedrisk.data.partition import PARTITIONERS, split_indices
 from fedrisk.errors import FedriskError, check_range
 
-__all__ = ["build_federation"]
+__all__ = ["build_federation", "reuse_federations"]
 
 _BINARIZE_KEYS = ("positive_classes", "imratio", "per_class", "balanced_test")
 _FEATURE_NOISE_KEYS = ("std", "mean", "mean_step")
@@ -73,6 +78,81 @@ def _options(what: str, given: Mapping[str, Any] | None, allowed: Sequence[str])
         if key not in allowed:
             raise FedriskError(f"unknown {what} option {key!r}; allowed: {', '.join(allowed)}")
     return opts
+
+
+# ----------------------------------------------------------------------------- reuse
+
+
+class _Reused:
+    """The federations kept by :func:`reuse_federations` (least recently used first)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, int(capacity))
+        self.kept: OrderedDict[str, Federation] = OrderedDict()
+
+    def get(self, key: str) -> Federation | None:
+        fed = self.kept.get(key)
+        if fed is not None:
+            self.kept.move_to_end(key)
+        return fed
+
+    def put(self, key: str, fed: Federation) -> None:
+        self.kept[key] = fed
+        while len(self.kept) > self.capacity:
+            self.kept.popitem(last=False)
+
+
+_reused: _Reused | None = None  # active inside reuse_federations()
+
+
+@contextlib.contextmanager
+def reuse_federations(capacity: int = 2) -> Iterator[None]:
+    """Within the block, :func:`build_federation` builds each distinct federation once.
+
+    A call with the same arguments as an earlier one in the block returns a copy of the
+    federation it built (the same tensors, fresh lists and ``info``), so the trials of a tune
+    (the same data and seed, other hyper-parameters) load, split and partition the data once
+    per process instead of once per trial.  The tensors are shared: nothing in fedrisk writes
+    into a federation's tensors (attacks and dtype casts make new ones).  At most ``capacity``
+    federations are kept (least recently used first out); a nested block uses the outer one's.
+    A process forked inside the block (the workers of ``fedrisk tune --jobs``) inherits them.
+
+    Example:
+        >>> with reuse_federations():
+        ...     a = build_federation("wine", "iid", 2, seed=0)
+        ...     b = build_federation("wine", "iid", 2, seed=0)
+        >>> a is b, a.clients[0].x is b.clients[0].x
+        (False, True)
+    """
+    global _reused
+    if _reused is not None:
+        yield
+        return
+    _reused = _Reused(capacity)
+    try:
+        yield
+    finally:
+        _reused = None
+
+
+def _reuse_key(args: Mapping[str, Any]) -> str:
+    return json.dumps(args, sort_keys=True, default=repr)
+
+
+def _reuse(reused: _Reused, key: str, build: Callable[[], Federation]) -> Federation:
+    """A copy of the federation kept under ``key``, built (outside the reuse) when missing."""
+    global _reused
+    fed = reused.get(key)
+    if fed is None:
+        _reused = None
+        try:
+            fed = build()
+        finally:
+            _reused = reused
+        reused.put(key, fed)
+    out = fed.to()  # fresh lists, the same tensors
+    out.info = copy.deepcopy(fed.info)
+    return out
 
 
 # ----------------------------------------------------------------------------- steps
@@ -171,6 +251,21 @@ def _class_groups(train: Samples, classes: torch.Tensor) -> list[list[int]] | No
     return [sorted(groups[y]) for y in sorted(groups)]
 
 
+def _split_queries(s: Samples, fraction: float, seed: int) -> tuple[Samples, Samples]:
+    """Hold out ``ceil(fraction · Q)`` whole queries (``attrs["query"]``, at most ``Q − 1``)."""
+    queries = s.attrs["query"]
+    ids = torch.unique(queries)
+    if ids.numel() < 2:
+        raise FedriskError(
+            f"data.validation_fraction = {fraction}: the ranking training set has {ids.numel()} query; "
+            "a validation split of whole queries needs at least 2"
+        )
+    n_held = min(max(1, int(torch.ceil(torch.tensor(fraction * ids.numel())).item())), ids.numel() - 1)
+    perm = torch.randperm(ids.numel(), generator=torch.Generator().manual_seed(seed))
+    held = torch.isin(queries, ids[perm[:n_held]])
+    return s.subset(torch.nonzero(~held).flatten().tolist()), s.subset(torch.nonzero(held).flatten().tolist())
+
+
 def _split_client(s: Samples, fraction: float, seed: int, stratify: bool) -> tuple[Samples, Samples | None]:
     if fraction <= 0:
         return s, None
@@ -226,6 +321,9 @@ def build_federation(
         >>> fed.num_clients, sum(fed.client_sizes) + len(fed.test)
         (3, 178)
     """
+    if _reused is not None:  # inside reuse_federations(): build each distinct federation once
+        args = dict(locals())
+        return _reuse(_reused, _reuse_key(args), lambda: build_federation(**args))
     check_range("client_test_fraction", client_test_fraction, 0.0, 1.0, high_inclusive=False)
     check_range("validation_fraction", validation_fraction, 0.0, 1.0, high_inclusive=False)
     check_range("client_validation_fraction", client_validation_fraction, 0.0, 1.0, high_inclusive=False)
@@ -256,7 +354,12 @@ def build_federation(
     # 3. global validation split
     validation = None
     if validation_fraction > 0:
-        train, validation = _split_client(train, validation_fraction, T.derive_seed(seed, "validation"), classification)
+        if meta.task == "ranking" and "query" in train.attrs:  # whole queries
+            train, validation = _split_queries(train, validation_fraction, T.derive_seed(seed, "validation"))
+        else:
+            train, validation = _split_client(
+                train, validation_fraction, T.derive_seed(seed, "validation"), classification
+            )
 
     # 4. partition
     popts = dict(partition_options or {})

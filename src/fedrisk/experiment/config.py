@@ -94,10 +94,12 @@ from fedrisk.experiment.sections import (
     OPTIONAL_TABLES,
     SCHEMA,
     SECTIONS,
+    check_dual_model,
     reference_markdown,
     resolve_algorithm,
     resolve_attack,
     resolve_data,
+    resolve_dual_model,
     resolve_model,
     resolve_objective,
     resolve_run,
@@ -330,11 +332,14 @@ def resolve_config(
     values["algorithm"] = algorithm
     if "attack" in raw:
         values["attack"] = resolve_attack(raw["attack"], data, problems)
+    if "dual_model" in raw:  # issue 30: the network dual player of the min-max family
+        values["dual_model"] = resolve_dual_model(raw["dual_model"], algorithm, problems)
+    problems += check_dual_model(algorithm, "dual_model" in raw)
     run = values["run"] = resolve_run(raw.get("run", {}), data, problems)
     if algorithm is not None and run is not None:
         problems += _stage_round_problems(algorithm, run["rounds"])
     for name in SECTIONS:  # tables without rules between their keys (and not optional): [output], ...
-        if name not in values and name not in ("attack", "sweep"):
+        if name not in values and name not in ("attack", "dual_model", "sweep"):
             values[name] = table_values(SCHEMA[name], raw.get(name, {}), name, problems)
     values["sweep"] = resolve_sweep(raw.get("sweep", {}), problems)
     if problems:

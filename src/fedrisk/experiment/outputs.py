@@ -48,7 +48,9 @@ PARTITION_JSON = "partition.json"
 PARTITION_MD = "partition.md"
 PLOTS = "plots"
 CLIENT_STATES_DIR = "client_states"  # run.client_states = "disk": one file per client, and snapshots
+FAILURE = "failure.json"  # a run stopped by an error: {"round", "error"} (reports show it; a rerun removes it)
 OUTPUT_FILES = (CONFIG, METRICS, SUMMARY, CHECKPOINT, CHECKPOINT_PREV, PARTITION_JSON, PARTITION_MD, "selected.pt")
+OUTPUT_FILES += (FAILURE,)
 OUTPUT_FILES += ("clients.csv", "alpha.csv", "lambda_guide.txt")  # experiment.personal_outputs.PERSONAL_FILES
 """Files a run owns (``--overwrite`` removes exactly these and ``plots/``)."""
 
@@ -217,6 +219,7 @@ class RunData:
     config: dict[str, Any]
     records: list[dict[str, Any]]
     summary: dict[str, Any] = field(default_factory=dict)
+    failure: dict[str, Any] | None = None  # failure.json of a run stopped by an error
 
     @property
     def metric_names(self) -> list[str]:
@@ -240,7 +243,8 @@ def load_run(path: str | Path) -> RunData:
     if not d.config.is_file():
         raise FedriskError(f"{str(d.path)!r} is not a run directory (no {CONFIG})")
     summary = json.loads(d.summary.read_text()) if d.summary.is_file() else {}
-    return RunData(d.path, read_toml(d.config), read_jsonl(d.metrics), summary)
+    failure = json.loads((d.path / FAILURE).read_text()) if (d.path / FAILURE).is_file() else None
+    return RunData(d.path, read_toml(d.config), read_jsonl(d.metrics), summary, failure)
 
 
 def _tune_trial(run: Path, top: Path) -> bool:

@@ -1,9 +1,9 @@
-"""Progress display for runs: a one-line bar on a terminal, plain lines in logs and CI.
+"""Progress display for runs: a ``tqdm`` bar on a terminal, plain lines in logs and CI.
 
-The bar shows the round ``r/R``, elapsed and remaining time, the mean training loss of the
-last round and the latest evaluation, redrawn in place with a carriage return.  Plain mode
-prints one line per evaluation and is chosen automatically when the stream is not a terminal
-(``mode="auto"``), so logs and CI output stay readable.
+The bar is :class:`fedrisk.api.ProgressBar`, the one ``run_federation`` shows: the round
+``r/R``, elapsed and remaining time, the mean training loss of the last round and the latest
+evaluation.  Plain mode prints one line per evaluation and is chosen automatically when the
+stream is not a terminal (``mode="auto"``), so logs and CI output stay readable.
 
 Example:
     >>> import io
@@ -17,14 +17,12 @@ Example:
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from fedrisk.api import Callback, History
+from fedrisk.api import Callback, History, ProgressBar
 from fedrisk.runtime.simulation import RoundReport, Simulation
 
 MODES = ("auto", "bar", "plain", "none")
@@ -68,7 +66,8 @@ class Progress(Callback):
             ``"none"``.
         stream: where to write (default: standard error, so results on stdout stay clean).
         label: a prefix naming the run (e.g. the algorithm and seed).
-        elapsed_before: seconds already spent before a resume.
+        elapsed_before: seconds already spent before a resume (counted by the plain lines; the
+            bar's times are this session's).
         max_metrics: at most this many evaluation metrics on the bar.
     """
 
@@ -96,8 +95,7 @@ class Progress(Callback):
         self._round = 0
         self._train: dict[str, float] = {}
         self._latest: dict[str, Any] = {}
-        self._drawn = False
-        self._glyphs = ("█", "·") if _encodes(self.stream, "█·") else ("#", "-")
+        self._bar: ProgressBar | None = None
 
     # -- Callback hooks ---------------------------------------------------------------------
     def on_start(self, sim: Simulation) -> None:
@@ -117,19 +115,20 @@ class Progress(Callback):
         self._t0 = time.perf_counter()
         self._start_round = self._round = round
         if self.mode == "bar":
-            self._draw()
+            self._bar = ProgressBar(self.total, file=self.stream, max_metrics=self.max_metrics, label=self.label)
+            self._bar.start(round)
 
     def round_end(self, round: int, train_metrics: Mapping[str, float]) -> None:
         self._round = round
         self._train = dict(train_metrics)
-        if self.mode == "bar":
-            self._draw()
+        if self._bar is not None:
+            self._bar.round_end(round, train_metrics)
 
     def evaluation(self, record: Mapping[str, Any]) -> None:
         self._round = int(record.get("round", self._round))
         self._latest = dict(metric_items(record))
-        if self.mode == "bar":
-            self._draw()
+        if self._bar is not None:
+            self._bar.evaluation(record)
         elif self.mode == "plain":
             elapsed = record.get("wall_time", self.elapsed())
             parts = [f"{self._prefix()}round {self._round}/{self.total}", f"elapsed {format_duration(elapsed)}"]
@@ -141,9 +140,9 @@ class Progress(Callback):
             self._write(" | ".join(parts) + "\n")
 
     def close(self) -> None:
-        if self.mode == "bar" and self._drawn:
-            self._write("\n")
-            self._drawn = False
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
 
     # -- timing -----------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -159,36 +158,6 @@ class Progress(Callback):
     def _prefix(self) -> str:
         return f"[{self.label}] " if self.label else ""
 
-    def render(self, width: int = 100) -> str:
-        """The bar line (without the carriage return), at most ``width`` characters."""
-        full, empty = self._glyphs
-        frac = min(max(self._round / self.total, 0.0), 1.0) if self.total else 1.0
-        cells = 20
-        filled = round(frac * cells)
-        bar = full * filled + empty * (cells - filled)
-        eta = "" if self._round >= self.total else f"<{format_duration(self.eta())}"
-        text = f"{self._prefix()}{bar} {self._round}/{self.total} {format_duration(self.elapsed())}{eta}"
-        if "loss" in self._train:
-            text += f"  loss {format_number(self._train['loss'])}"
-        shown = [(k, v) for k, v in self._latest.items() if not k.startswith("train_")][: self.max_metrics]
-        if shown:
-            text += "  " + " ".join(f"{k} {format_number(v)}" for k, v in shown)
-        return text[:width]
-
-    def _draw(self) -> None:
-        # carriage return, the line cut to the terminal's width, then "erase to end of line"
-        self._write("\r" + self.render(self._width()) + "\x1b[K")
-        self._drawn = True
-
-    def _width(self) -> int:
-        try:
-            columns = os.get_terminal_size(self.stream.fileno()).columns
-        except (AttributeError, OSError, ValueError):
-            columns = 0
-        if columns <= 0:  # no terminal, or one that reports no size (a pseudo-terminal under `script`)
-            columns = shutil.get_terminal_size((100, 20)).columns or 100
-        return max(columns - 1, 20)
-
     def _write(self, text: str) -> None:
         try:
             self.stream.write(text)
@@ -201,13 +170,4 @@ def _isatty(stream: TextIO) -> bool:
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
-        return False
-
-
-def _encodes(stream: TextIO, text: str) -> bool:
-    enc = getattr(stream, "encoding", None) or "ascii"
-    try:
-        text.encode(enc)
-        return True
-    except (UnicodeEncodeError, LookupError):
         return False

@@ -70,6 +70,7 @@ from fedrisk.experiment.checkpoint import (
 )
 from fedrisk.experiment.config import ExperimentConfig, diff_configs
 from fedrisk.experiment.outputs import (
+    FAILURE,
     RECORD_KEYS,
     SELECTED_MODEL,
     RunDir,
@@ -272,12 +273,18 @@ def build_algorithm(
     cls = ALGORITHMS.get(alg_cfg["name"])
     fields = algorithm_fields(cls)
     model_cfg = cfg.section("model")
-    module = build_model(model_cfg["name"], input_shape, num_outputs, **model_options(model_cfg))
+    noise_dim = alg_cfg.get("noise_dim", 0)  # a GAN's generator maps noise, not data rows
+    model_input = (noise_dim,) if noise_dim else input_shape
+    module = build_model(model_cfg["name"], model_input, num_outputs, **model_options(model_cfg))
     norm_stats = model_cfg.get("norm_stats", AUTO)
     model = FunctionalModel(module, norm_stats=None if norm_stats == AUTO else norm_stats)
 
     kwargs: dict[str, Any] = {k: alg_cfg[k] for k in fields.hyper}
     kwargs["model"] = model
+    if cfg.values.get("dual_model"):  # issue 30: the dual player is a network on the data rows
+        dual = cfg.section("dual_model")
+        dual_module = build_model(dual["name"], input_shape, dual["num_outputs"], **model_options(dual))
+        kwargs["dual_model"] = FunctionalModel(dual_module)
     if fields.loss is not None:
         kwargs[fields.loss] = LOSSES[objective][0]
     if fields.aggregator is not None and alg_cfg["aggregator"] != NONE:
@@ -807,11 +814,15 @@ def _run(
         from fedrisk.experiment.personal_outputs import personal_callbacks  # clients.csv, alpha.csv
 
         callbacks += personal_callbacks(rd.path, stream=None if show.mode == "none" else show.stream)
+        from fedrisk.experiment.game_samples import game_callbacks  # a GAN's samples over the rounds
+
+        callbacks += game_callbacks(sim, rd.path, cfg["output.plots"])
         tracking = open_tracking(cfg, rd.path, seed=seed, resume_round=None if ckpt is None else sim.round)
         if tracking is not None:  # TensorBoard / MLflow ([output] tensorboard, mlflow)
             callbacks.append(tracking)
     callbacks += [show, checkpointer, *user_callbacks]
     finished = False
+    (rd.path / FAILURE).unlink(missing_ok=True)
     try:
         run_simulation(
             sim,
@@ -828,6 +839,10 @@ def _run(
     except _Stop as stop:
         show.close()
         raise RunInterrupted(stop.signum, sim.round, rd) from None
+    except FedriskError as exc:  # e.g. NaN/inf replies that the aggregation refuses: reports show it
+        if primary:
+            write_json(rd.path / FAILURE, {"round": sim.round, "error": str(exc), "type": type(exc).__name__})
+        raise
     finally:
         if tracking is not None:
             tracking.close(finished)

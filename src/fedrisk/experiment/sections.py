@@ -57,6 +57,7 @@ from fedrisk.experiment.schema import (
     registry_names,
     section_values,
     short,
+    signature_options,
     unknown_choice,
     validate,
 )
@@ -143,6 +144,13 @@ class Model(Section):
     reset_head: bool = key(False, "re-initialise the last layer after run.init_from (pre-train, new head)")
 
 
+class DualModel(Section):  # issue 30: the dual player of the min-max family as a network
+    name: Annotated[str, OneOf("models")] = key(
+        ..., "the dual player's model (a discriminator, an adversary; its options go beside it, as in [model])"
+    )
+    num_outputs: int = key(1, "outputs of the dual model (1: one score per row)", ge=1)
+
+
 class Objective(Section):
     name: Annotated[str, OneOf("objectives")] = key(AUTO, '"auto" or a loss name (`fedrisk list objectives`)')
 
@@ -198,7 +206,7 @@ class Run(Section):
         'the validation metric that selects the reported round and the saved model: "validation_<metric>", '
         '"personal_<metric>_<stat>" (each client\'s own validation split), "none", or "auto" = validation_<first '
         "metric> with a validation split, else personal_<first metric>_mean with per-client validation splits, "
-        "else none",
+        'else none; a game\'s exact metric of its iterate ("grad_phi_norm", "generator_error") needs no split',
     )
     dtype: Annotated[str, OneOf(DTYPES)] = key("float32", "floating dtype of data and parameters")
     on_client_failure: Annotated[str, OneOf(FAILURE_POLICIES)] = key(
@@ -267,7 +275,10 @@ class Tune(Section):
     )
     trials: int = key(16, "trials per study (per variant under `sweep --tune`)", ge=1, semantic=False)
     metric: str = key(
-        "", 'the validation metric to optimise, e.g. "validation_auroc" (required to tune)', semantic=False
+        "",
+        'the validation metric to optimise, e.g. "validation_auroc", or a game\'s exact "grad_phi_norm" / '
+        '"generator_error" (required to tune)',
+        semantic=False,
     )
     pruner: Annotated[str, OneOf(("median", "halving", "none"))] = key(
         "median", "stop unpromising trials early", semantic=False
@@ -288,6 +299,7 @@ SCHEMA: dict[str, type[Section]] = {
     "data.feature_noise": FeatureNoise,
     "data.label_noise": LabelNoise,
     "model": Model,
+    "dual_model": DualModel,
     "objective": Objective,
     "algorithm": Algorithm,
     "attack": Attack,
@@ -300,7 +312,7 @@ SCHEMA: dict[str, type[Section]] = {
 also take the named object's own options; ``data.dataset_options`` and
 ``data.partition_options`` are checked against the named loader / partitioner."""
 
-SECTIONS = ("data", "model", "objective", "algorithm", "attack", "run", "output", "sweep", "tune")
+SECTIONS = ("data", "model", "dual_model", "objective", "algorithm", "attack", "run", "output", "sweep", "tune")
 NOT_RUN_SECTIONS = ("sweep", "tune")
 """Sections that describe how runs are driven (sweeps, tuning), not one run: left out of run configs."""
 OPTIONAL_TABLES = {"data.binarize", "data.feature_noise", "data.label_noise"}
@@ -404,6 +416,48 @@ def resolve_model(table: Mapping[str, Any], problems: list[str]) -> dict[str, An
     return None if out is None else {**out, **options}
 
 
+def resolve_dual_model(
+    table: Mapping[str, Any], algorithm: Mapping[str, Any] | None, problems: list[str]
+) -> dict[str, Any] | None:
+    """``[dual_model]``: a zoo model with its options, as ``[model]``, for an algorithm with a
+    ``dual_model`` field (the SGDA family) playing a network game (``game = "gan"``, ...)."""
+    from fedrisk.algorithms import ALGORITHMS
+    from fedrisk.models import MODELS
+
+    fixed, given = _split(table, DualModel)
+    out = table_values(DualModel, fixed, "dual_model", problems)
+    if algorithm is not None and "dual_model" not in algorithm_fields(ALGORITHMS.get(algorithm["name"])).fixed:
+        problems.append(
+            f"[dual_model] is not allowed for algorithm {algorithm['name']!r} (it has no dual player); "
+            "allowed with: local_sgda, local_sgda_plus, fsgda, fessgda, fessgda_ncc, fed_norm_sgda(_plus), sagda"
+        )
+    if (name := _valid_name(table, "name", None, "models")) is None:
+        return None
+    model = options_section(f"model {name!r}", MODELS.get(name), ("input_shape", "num_outputs"), 2)
+    options = _options(model, given, "dual_model", problems, fill=True)
+    return None if out is None else {**out, **options}
+
+
+def check_dual_model(algorithm: Mapping[str, Any] | None, dual: bool) -> list[str]:
+    """A network game (a registered game name) needs ``[dual_model]``, a vector game refuses it."""
+    from fedrisk.objectives.adversarial import GAME_REGISTRY
+
+    if algorithm is None or "game" not in algorithm:
+        return []
+    network = algorithm["game"] in GAME_REGISTRY
+    if network and not dual:
+        return [
+            f"algorithm.game = {format_value(algorithm['game'])} is played by a network dual: add a [dual_model] "
+            'table (e.g. name = "mlp", hidden = [64])'
+        ]
+    if not network and dual:
+        return [
+            f"[dual_model] is for network games ({', '.join(GAME_REGISTRY.names())}); algorithm.game = "
+            f"{format_value(algorithm['game'])} has a vector y (remove [dual_model] or change algorithm.game)"
+        ]
+    return []
+
+
 def model_options(model: Mapping[str, Any]) -> dict[str, Any]:
     """The factory options of a resolved ``[model]`` table (without name / num_outputs)."""
     return {k: v for k, v in model.items() if k not in Model.model_fields}
@@ -502,9 +556,23 @@ def resolve_aggregator(value: Any, cls: type, field_name: str, problems: list[st
     if name not in AGGREGATORS:
         problems.append(unknown_choice("algorithm.aggregator", name, AGGREGATORS.names()))
         return None
-    model = options_section(f"aggregator {name!r}", AGGREGATORS.get(name))
+    from fedrisk.aggregators.robust import RobustAggregator
+
+    make = AGGREGATORS.get(name)
+    robust = isinstance(make, type) and issubclass(make, RobustAggregator)
+    own = signature_options(make)  # rules with their own __init__ hide the shared keys behind **kw
+    extra = tuple(k for k in ROBUST_AGGREGATOR_KEYS if k[0] not in own) if robust else ()
+    model = options_section(f"aggregator {name!r}", make, extra=extra)
     options = _options(model, options, "algorithm.aggregator", problems, fill=True)
+    if options:  # the shared keys stay out of the resolved table at their defaults
+        options = {k: v for k, v in options.items() if (k, type(v), v) not in extra}
     return {"name": name, **options} if options else name
+
+
+ROBUST_AGGREGATOR_KEYS = (("nonfinite", str, "raise"), ("pre", str, "none"), ("bucket_size", int, 2))
+"""Options of every robust aggregator (:class:`~fedrisk.aggregators.robust.RobustAggregator`)
+beside its rule's own: ``nonfinite = "raise" | "exclude"``, ``pre = "none" | "bucketing" | "nnm"
+| "arc"`` and ``bucket_size``, e.g. ``aggregator = { name = "krum", f = 4, nonfinite = "exclude" }``."""
 
 
 def _precheck_algorithm(cls: type, hyper: Mapping[str, Any], fields: AlgorithmFields) -> None:
@@ -576,6 +644,10 @@ def resolve_attack(
 
 
 CLIENT_STATS = ("mean", "wmean", "std", "bottom10", "worst")
+EXACT_GAME_METRICS = ("generator_error", "grad_phi_norm")
+"""Metrics a min-max game computes exactly from its server iterate (the WGAN's distance to the
+true generator, the NC-SC game's ``||∇Φ(x)||``): population quantities with no data split behind
+them, so selecting or tuning on them looks at no test data (issue 25: tuned FESS-GDA rows)."""
 """The per-client summaries of ``fedrisk.runtime.evaluation`` (kept here: no torch import)."""
 
 
@@ -591,6 +663,8 @@ def check_select_by(select_by: str, data: Mapping[str, Any], metrics: Sequence[s
         'validation_personal_auroc_mean'
         >>> check_select_by("auto", {"validation_fraction": 0.1, "client_validation_fraction": 0.0}, ["auroc"])
         'validation_auroc'
+        >>> check_select_by("grad_phi_norm", {"validation_fraction": 0.0})  # an exact game metric
+        'grad_phi_norm'
     """
     glob, per_client = data["validation_fraction"] > 0, data.get("client_validation_fraction", 0.0) > 0
     if select_by == NONE or (select_by == AUTO and not metrics):
@@ -599,13 +673,16 @@ def check_select_by(select_by: str, data: Mapping[str, Any], metrics: Sequence[s
         if glob:
             return f"validation_{metrics[0]}"
         return f"validation_personal_{metrics[0]}_mean" if per_client else ""
+    if select_by in EXACT_GAME_METRICS:
+        return select_by
     key = "validation_" + select_by if select_by.startswith("personal_") else select_by
     personal = key.startswith("validation_personal_")
     stat = key.rsplit("_", 1)[-1]
     if not key.startswith("validation_") or (personal and stat not in CLIENT_STATS):
         raise FedriskError(
             f'run.select_by = {select_by!r} is not a validation metric; allowed: "validation_<metric>", '
-            f'"personal_<metric>_<stat>" (stat: {", ".join(CLIENT_STATS)}), "auto" or "none" (selecting on '
+            f'"personal_<metric>_<stat>" (stat: {", ".join(CLIENT_STATS)}), an exact game metric '
+            f'({", ".join(EXACT_GAME_METRICS)}), "auto" or "none" (selecting on '
             "test data would report an oracle)"
         )
     if personal and not per_client:

@@ -39,6 +39,7 @@ from typing import Any, TextIO
 
 import tomli_w
 
+from fedrisk.data.build import reuse_federations
 from fedrisk.errors import FedriskError
 from fedrisk.experiment.config import ExperimentConfig, flatten
 from fedrisk.experiment.outputs import RunDir, atomic_write_text
@@ -253,6 +254,7 @@ TUNED_FILE = "tuned.json"
 """Written beside a tuned variant's seed runs (``DIR/<variant>/tuned.json``): the selected values."""
 
 
+@reuse_federations(capacity=1)  # variants on the same data share one build of it
 def run_tuned_sweep(
     cfg: ExperimentConfig,
     out: str | Path,
@@ -342,7 +344,11 @@ def shown_params(params: Mapping[str, Any]) -> str:
 
 
 def _has_records(rd: RunDir) -> bool:
-    return rd.config.is_file() and rd.metrics.is_file() and rd.metrics.stat().st_size > 0
+    """A run to report: it has records, or it stopped with an error (failure.json; the worst-case
+    table shows it)."""
+    if not (rd.config.is_file() and rd.metrics.is_file()):
+        return False
+    return rd.metrics.stat().st_size > 0 or (rd.path / "failure.json").is_file()
 
 
 def _write_sweep_config(cfg, out, grid, variants, seeds) -> None:

@@ -49,6 +49,7 @@ import fcntl
 import math
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ from typing import Any
 import tomli_w
 
 from fedrisk.api import Callback
+from fedrisk.data.build import reuse_federations
 from fedrisk.errors import FedriskError
 from fedrisk.experiment.config import ExperimentConfig, resolve_config
 from fedrisk.experiment.outputs import RunDir, atomic_write_text, read_jsonl
@@ -262,6 +264,9 @@ def _connect(path: Path) -> Any:
     return conn
 
 
+_storages: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # study -> its RDBStorage
+
+
 def open_study(out: Path, spec: TuneSpec, create: bool = False) -> tuple[Any, Any]:
     """The study in ``out`` (SQLite, see :func:`_connect`) and its sampler."""
     optuna = _optuna()
@@ -276,7 +281,17 @@ def open_study(out: Path, spec: TuneSpec, create: bool = False) -> tuple[Any, An
         )
     else:
         study = optuna.load_study(storage=storage, study_name=STUDY_NAME, sampler=sampler, pruner=make_pruner(spec))
+    _storages[study] = storage
     return study, sampler
+
+
+def close_connections(study: Any) -> None:
+    """Close the study's open SQLite connections (it opens new ones when used again): a
+    connection must not cross a fork, so the tuner calls this before forking its workers."""
+    storage = _storages.get(study)
+    if storage is not None:
+        storage.scoped_session.remove()
+        storage.engine.dispose()
 
 
 def counted(trial: Any) -> bool:
@@ -563,7 +578,7 @@ def run_tune(
     out = Path(out)
     echo = echo or (lambda line: None)
     out.mkdir(parents=True, exist_ok=True)
-    with _flock(out / ".tune.lock", blocking=False):
+    with _flock(out / ".tune.lock", blocking=False), reuse_federations():  # the data is loaded once
         study, sampler = prepare_study(out, base, spec, resume=resume, overwrite=overwrite)
         if spec.jobs <= 1:
             while run_trial(study, sampler, base, spec, out, echo, out / ".ask.lock"):
@@ -571,5 +586,5 @@ def run_tune(
         else:
             from fedrisk.experiment.tune_workers import run_workers
 
-            run_workers(out, spec, echo)
+            run_workers(out, spec, echo, base=base, study=study)
         return write_outputs(out, base, spec, plots=plots, study=study)

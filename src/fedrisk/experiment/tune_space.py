@@ -162,8 +162,10 @@ def check_metric(cfg: ExperimentConfig, metric: str) -> None:
         Traceback (most recent call last):
         fedrisk.errors.FedriskError: metric 'validation_accuracy': ... needs a validation split ...
     """
-    from fedrisk.experiment.sections import check_select_by
+    from fedrisk.experiment.sections import EXACT_GAME_METRICS, check_select_by
 
+    if metric in EXACT_GAME_METRICS:  # a game's exact metric of its iterate: no split to leak
+        return
     if not metric:
         raise FedriskError(
             "no metric to tune: set tune.metric or pass --metric; allowed: a validation metric such as validation_auroc"
@@ -171,7 +173,8 @@ def check_metric(cfg: ExperimentConfig, metric: str) -> None:
     if not metric.startswith("validation_"):
         raise FedriskError(
             f"metric {metric!r} is not evaluated on the validation split; allowed: validation_<metric> (e.g. "
-            "validation_auroc) or validation_personal_<metric>_<stat>: tuning on the test split would select on it"
+            "validation_auroc), validation_personal_<metric>_<stat> or an exact game metric "
+            f"({', '.join(EXACT_GAME_METRICS)}): tuning on the test split would select on it"
         )
     try:
         check_select_by(metric, cfg.section("data"), cfg["run.metrics"])

@@ -5,7 +5,11 @@ A run's *method* is its configuration label without the attack (a sweep's varian
 ``frpg`` in ``frpg,attack.name=ipm``); its *attack* is ``attack.name`` (``none`` without one).
 For each method and seed, the worst-over-attacks value is the smallest final value over the
 attacks that seed ran (the largest for a loss); the table gives its mean ± sample std over seeds,
-beside the mean final value under every attack.
+beside the mean final value under every attack.  A run that stopped with an error (its
+``failure.json``, e.g. NaN/inf replies that the method refuses) has no final value: its cell
+reads ``stopped (round r)``, the worst case is taken over the attacks that left a model, the
+column "stopped by" lists the attacks that stopped the method, and the errors are listed below
+the table (one line per method and attack, the first seed's message).
 
 Example:
     >>> rows = {("frpg", "ipm"): {0: 0.8, 1: 0.7}, ("frpg", "max_norm"): {0: 0.1, 1: 0.2}}
@@ -21,7 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WorstCase", "final_by_method_attack", "heatmap", "worst_case_section", "worst_over_attacks"]
+__all__ = [
+    "WorstCase",
+    "final_by_method_attack",
+    "heatmap",
+    "stopped_by_method_attack",
+    "worst_case_section",
+    "worst_over_attacks",
+]
 
 NO_ATTACK = "none"
 
@@ -52,16 +63,35 @@ def final_by_method_attack(groups: Sequence[Any], metric: str) -> dict[tuple[str
     return out
 
 
-def worst_over_attacks(values: Mapping[tuple[str, str], Mapping[int, float]], metric: str) -> dict[str, list[float]]:
-    """Per method, per seed (that every one of its attacks ran), the worst final value over the attacks."""
+def stopped_by_method_attack(groups: Sequence[Any]) -> dict[tuple[str, str], dict[int, dict[str, Any]]]:
+    """``(method, attack) -> {seed: failure}`` for the runs that stopped with an error (``failure.json``)."""
+    out: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+    for g in groups:
+        key = _method_and_attack(g)
+        for run, seed in zip(g.runs, g.seeds, strict=True):
+            if getattr(run, "failure", None) is not None:
+                out.setdefault(key, {})[seed] = run.failure
+    return out
+
+
+def worst_over_attacks(
+    values: Mapping[tuple[str, str], Mapping[int, float]],
+    metric: str,
+    stopped: Mapping[tuple[str, str], Mapping[int, Any]] | None = None,
+) -> dict[str, list[float]]:
+    """Per method, per seed (that every one of its attacks ran: to a value, or ``stopped`` with
+    an error), the worst final value over the attacks that left a value in that seed."""
     from fedrisk.experiment.runner import lower_is_better
 
     pick = max if lower_is_better(metric) else min
+    stopped = stopped or {}
     out: dict[str, list[float]] = {}
     for method in dict.fromkeys(m for m, _ in values):
+        attacks = dict.fromkeys([*(a for m, a in values if m == method), *(a for m, a in stopped if m == method)])
+        ran = [set(values.get((method, a), {})) | set(stopped.get((method, a), {})) for a in attacks]
+        seeds = sorted(set.intersection(*ran))
         series = [v for (m, _), v in values.items() if m == method]
-        seeds = sorted(set.intersection(*(set(s) for s in series)))
-        out[method] = [pick(s[i] for s in series) for i in seeds]
+        out[method] = [pick(s[i] for s in series if i in s) for i in seeds if any(i in s for s in series)]
     return out
 
 
@@ -71,15 +101,22 @@ def _fmt(values: Sequence[float]) -> str:
     return format_mean_std(list(values), digits=3) if values else "–"
 
 
-def heatmap(values: Mapping[tuple[str, str], Mapping[int, float]], metric: str, path: Path) -> Path:
-    """A method x attack heat map of the mean final ``metric`` over seeds, each cell annotated."""
+def heatmap(
+    values: Mapping[tuple[str, str], Mapping[int, float]],
+    metric: str,
+    path: Path,
+    stopped: Mapping[tuple[str, str], Any] | None = None,
+) -> Path:
+    """A method x attack heat map of the mean final ``metric`` over seeds, each cell annotated;
+    ``stopped`` cells (runs that stopped with an error and left no value) read "stopped"."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    methods = list(dict.fromkeys(m for m, _ in values))
-    attacks = list(dict.fromkeys(a for _, a in values))
+    stopped = stopped or {}
+    methods = list(dict.fromkeys([*(m for m, _ in values), *(m for m, _ in stopped)]))
+    attacks = list(dict.fromkeys([*(a for _, a in values), *(a for _, a in stopped)]))
     grid = [[math.nan] * len(attacks) for _ in methods]
     for (m, a), v in values.items():
         grid[methods.index(m)][attacks.index(a)] = sum(v.values()) / len(v)
@@ -91,6 +128,8 @@ def heatmap(values: Mapping[tuple[str, str], Mapping[int, float]], metric: str, 
         for j, v in enumerate(row):
             if v == v:
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < 0.5 else "k")
+            elif (methods[i], attacks[j]) in stopped:
+                ax.text(j, i, "stopped", ha="center", va="center", fontsize=6, color="r")
     fig.colorbar(im, ax=ax, label=f"final {metric} (mean over seeds)")
     ax.set_title(f"final {metric}: method x attack")
     fig.tight_layout()
@@ -101,31 +140,55 @@ def heatmap(values: Mapping[tuple[str, str], Mapping[int, float]], metric: str, 
 
 
 def worst_case_section(groups: Sequence[Any], metrics: Sequence[str], out_dir: Path, plots: bool) -> WorstCase | None:
-    """The worst-case table (and heat map) when the runs cover at least two attacks, else None.
+    """The worst-case table (and heat map) when the runs cover at least two attacks or some
+    stopped with an error, else None.
 
     The metric is ``test_accuracy`` when present, else the first of ``metrics``.
     """
-    if len({_method_and_attack(g)[1] for g in groups}) < 2 or not metrics:
+    several = len({_method_and_attack(g)[1] for g in groups}) >= 2
+    if not metrics or not (several or any(getattr(r, "failure", None) for g in groups for r in g.runs)):
         return None
     metric = "test_accuracy" if "test_accuracy" in metrics else metrics[0]
     values = final_by_method_attack(groups, metric)
-    if not values:
+    stopped = stopped_by_method_attack(groups)
+    if not values and not stopped:
         return None
-    attacks = list(dict.fromkeys(a for _, a in values))
-    worst = worst_over_attacks(values, metric)
-    head = f"| method | worst {metric} over attacks | worst attack (mean) | " + " | ".join(attacks) + " |"
+    attacks = list(dict.fromkeys([*(a for _, a in values), *(a for _, a in stopped)]))
+    methods = list(dict.fromkeys([*(m for m, _ in values), *(m for m, _ in stopped)]))
+    worst = worst_over_attacks(values, metric, stopped)
+    head = f"| method | worst {metric} over attacks | worst attack (mean) | stopped by | " + " | ".join(attacks) + " |"
     lines = [
-        f"Worst case over attacks (final {metric}; per seed the worst attack, then mean ± std over seeds):",
+        f"Worst case over attacks (final {metric}; per seed the worst attack, then mean ± std over seeds; "
+        "runs that stopped with an error are listed under the table and left out of the worst case):",
         "",
         head,
-        "|---|---:|---|" + "---:|" * len(attacks),
+        "|---|---:|---|---|" + "---:|" * len(attacks),
     ]
     from fedrisk.experiment.runner import lower_is_better
 
-    for method, w in worst.items():
+    for method in methods:
         means = {a: sum(v.values()) / len(v) for (m, a), v in values.items() if m == method}
-        worst_attack = (max if lower_is_better(metric) else min)(means, key=lambda a: means[a])
-        cells = [_fmt(list(values.get((method, a), {}).values())) for a in attacks]
-        lines.append(f"| {method} | {_fmt(w)} | {worst_attack} | " + " | ".join(cells) + " |")
-    plot = heatmap(values, metric, out_dir / "worst_case_heatmap.png") if plots else None
+        worst_attack = (max if lower_is_better(metric) else min)(means, key=lambda a: means[a]) if means else "–"
+        stops = [a for (m, a) in stopped if m == method]
+        cells = [_cell(values.get((method, a), {}), stopped.get((method, a), {})) for a in attacks]
+        row = f"| {method} | {_fmt(worst.get(method, []))} | {worst_attack} | {', '.join(stops) or '–'} | "
+        lines.append(row + " | ".join(cells) + " |")
+    if stopped:
+        lines += ["", "Runs that stopped with an error (no model; the first seed's message):", ""]
+        for (method, attack), by_seed in stopped.items():
+            failure = by_seed[min(by_seed)]
+            seeds = ", ".join(map(str, sorted(by_seed)))
+            lines.append(
+                f"- {method} under {attack} (seeds {seeds}): round {failure.get('round')}: {failure.get('error')}"
+            )
+    plot = heatmap(values, metric, out_dir / "worst_case_heatmap.png", stopped) if plots else None
     return WorstCase("\n".join(lines), plot)
+
+
+def _cell(values: Mapping[int, float], stopped: Mapping[int, Mapping[str, Any]]) -> str:
+    """Mean ± std of the seeds that finished, and ``stopped (round r)`` for those that did not."""
+    rounds = sorted({int(f.get("round", -1)) for f in stopped.values()})
+    note = f"stopped (round {', '.join(map(str, rounds))})" if stopped else ""
+    if not values:
+        return note or "–"
+    return _fmt(list(values.values())) + (f"; {len(stopped)} seed(s) {note}" if stopped else "")

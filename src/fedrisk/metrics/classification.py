@@ -548,7 +548,13 @@ METRICS.add("auroc", auroc, "area under the ROC curve (ties count 1/2)")
 METRICS.add("auprc", auprc, "average precision (area under the precision-recall curve)")
 METRICS.add("log_loss", log_loss, "mean cross-entropy of probabilities, clipped at 1e-15")
 
-_PARAMETRISED = ("accuracy_on:<classes>", "pauroc:<max_fpr>", "spauroc:<max_fpr>", "tpauroc:<max_fpr>,<min_tpr>")
+_PARAMETRISED = (
+    "accuracy_on:<classes>",
+    "pauroc:<max_fpr>",
+    "spauroc:<max_fpr>",
+    "tpauroc:<max_fpr>,<min_tpr>",
+    "ndcg@<k>",
+)
 
 
 def _parse_floats(text: str, count: int, name: str) -> list[float]:
@@ -572,12 +578,17 @@ def parse_metric(name: str) -> Callable[[ArrayLike, ArrayLike], float]:
     e.g. ``"accuracy_on:0-7"``), ``"pauroc:<max_fpr>"`` (unstandardised
     :func:`partial_auroc`, e.g. ``"pauroc:0.3"``), ``"spauroc:<max_fpr>"`` (McClish-standardised, as
     scikit-learn's ``roc_auc_score(max_fpr=...)`` and FeDXL's tables) or ``"tpauroc:<max_fpr>,<min_tpr>"``
-    (:func:`two_way_partial_auroc`, e.g. ``"tpauroc:0.5,0.5"``).
+    (:func:`two_way_partial_auroc`, e.g. ``"tpauroc:0.5,0.5"``); ``"ndcg"`` / ``"ndcg@<k>"``
+    (:func:`fedrisk.metrics.ranking.parse_ndcg`: ``f(scores, relevance, queries=None)``).
 
     Example:
         >>> parse_metric("tpauroc:0.5,0.5")([0.9, 0.1, 0.8, 0.3], [1, 0, 1, 0])
         1.0
     """
+    if name == "ndcg" or name.startswith("ndcg@"):
+        from fedrisk.metrics.ranking import parse_ndcg  # ranking imports this module
+
+        return parse_ndcg(name)
     kind, sep, arg = name.strip().partition(":")
     if not sep:
         if name in METRICS:

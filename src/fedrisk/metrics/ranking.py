@@ -6,7 +6,8 @@ per-query ``DCG@k / IDCG@k`` with ``DCG@k = Σ_{p ≤ k} gain(r_(p)) / log2(p + 
 ``r`` (``"linear"``, scikit-learn's ``ndcg_score``).  Tied scores get the average gain of their
 tie group at each of the group's positions (scikit-learn's ``ignore_ties=False``), so the value
 does not depend on the order of tied items.  Every query needs a relevant item (an error names
-the first one without).
+the first one without).  In configs: ``run.metrics = ["ndcg@10"]`` (:func:`parse_ndcg`; the
+split's ``attrs["query"]`` are the query ids).
 
 Example:
     >>> round(ndcg_at_k([0.9, 0.1, 0.8, 0.2, 0.3], [0, 1, 2, 0, 1], [0, 0, 1, 1, 1], k=2), 6)  # (1/log2(3) + 1)/2
@@ -15,12 +16,15 @@ Example:
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import numpy as np
 
 from fedrisk.errors import FedriskError, check_range
 from fedrisk.metrics.classification import ArrayLike
 
-__all__ = ["GAINS", "ndcg_at_k", "ndcg_per_query"]
+__all__ = ["GAINS", "is_ranking_metric", "ndcg_at_k", "ndcg_metric", "ndcg_per_query", "parse_ndcg"]
 
 GAINS = ("exponential", "linear")
 
@@ -97,3 +101,40 @@ def ndcg_at_k(
         True
     """
     return float(np.mean(list(ndcg_per_query(scores, relevance, queries, k, gain=gain).values())))
+
+
+def is_ranking_metric(name: str) -> bool:
+    """Whether the config metric ``name`` (``"ndcg"``, ``"ndcg@<k>"``) needs the split's query ids.
+
+    Example:
+        >>> is_ranking_metric("ndcg@5"), is_ranking_metric("auroc")
+        (True, False)
+    """
+    return name == "ndcg" or name.startswith("ndcg@")
+
+
+def ndcg_metric(scores: ArrayLike, relevance: ArrayLike, queries: ArrayLike | None = None, *, k: int | None) -> float:
+    """:func:`ndcg_at_k` with ``queries = None`` read as one query (the whole list ranked)."""
+    if queries is None:
+        queries = np.zeros(len(np.asarray(relevance.detach().cpu() if hasattr(relevance, "detach") else relevance)))
+    return ndcg_at_k(scores, relevance, queries, k)
+
+
+def parse_ndcg(name: str) -> Callable[..., float]:
+    """The metric ``f(scores, relevance, queries=None)`` named ``"ndcg"`` (whole lists) or
+    ``"ndcg@<k>"`` (exponential gain; the query ids are the split's ``attrs["query"]``).
+
+    Example:
+        >>> parse_ndcg("ndcg@1")([0.9, 0.1, 0.2, 0.8], [0, 1, 1, 0], [0, 0, 1, 1])   # query 1: 0 / 1
+        0.0
+        >>> parse_ndcg("ndcg@0")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        fedrisk.errors.FedriskError: metric 'ndcg@0': k must be an integer >= 1; allowed forms: ndcg, ndcg@<k> ...
+    """
+    if name == "ndcg":
+        return functools.partial(ndcg_metric, k=None)
+    text = name.removeprefix("ndcg@")
+    if not text.isdigit() or int(text) < 1:
+        raise FedriskError(f"metric {name!r}: k must be an integer >= 1; allowed forms: ndcg, ndcg@<k> (e.g. ndcg@10)")
+    return functools.partial(ndcg_metric, k=int(text))

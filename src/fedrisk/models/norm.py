@@ -14,6 +14,12 @@ in a :class:`NormScope`:
   normalises with the scope's running statistics, as ``nn.BatchNorm`` in ``eval()`` mode;
 * **frozen** (training under ``norm_stats = "frozen"``): eval-mode normalisation, no update.
 
+A training-mode forward pass inside a ``vmap`` opened *within* the training scope (a per-row
+``vmap``: per-sample gradients, :func:`~fedrisk.algorithms.local.full_batch_objective`'s rows
+under the vectorised executor) has one row per call and so no batch statistics: it is refused
+with the layer's name (the ``vmap`` over clients that the vectorised executor opens *around*
+the scope is not per-row and is fine; eval and frozen statistics are row-wise and always fine).
+
 The batch statistics are detached: running statistics carry no gradient.  A forward pass run
 inside ``torch.func.grad`` (the vectorised executor) leaves its new statistics wrapped at the
 gradient transform's level; :meth:`NormScope.read` unwraps them once that transform has
@@ -40,8 +46,11 @@ from collections.abc import Iterator, Mapping
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch._C._functorch import get_unwrapped, is_gradtrackingtensor, maybe_get_level
+from torch._C._functorch import TransformType, get_unwrapped, is_gradtrackingtensor, maybe_get_level
+from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 from torch.nn.modules.batchnorm import _BatchNorm
+
+from fedrisk.errors import FedriskError
 
 __all__ = ["NORM_POLICIES", "STAT_BUFFERS", "NormScope", "active", "batch_norm", "route_batch_norm", "unwrap_dead"]
 
@@ -53,6 +62,16 @@ kept by each client (FedBN, Li et al. 2021), or frozen at their initial values."
 STAT_BUFFERS = ("running_mean", "running_var")
 """The buffers of a BatchNorm layer that are federated state (``num_batches_tracked`` is only
 read when ``momentum`` is None, which :class:`FunctionalModel` refuses)."""
+
+
+def vmap_depth() -> int:
+    """How many ``torch.func.vmap`` transforms are running now.
+
+    Example:
+        >>> vmap_depth(), int(torch.func.vmap(lambda x: x + vmap_depth())(torch.zeros(1)))
+        (0, 1)
+    """
+    return sum(1 for i in retrieve_all_functorch_interpreters() if i.key() == TransformType.Vmap)
 
 
 def unwrap_dead(t: Tensor) -> Tensor:
@@ -81,6 +100,7 @@ class NormScope:
         self.stats = dict(stats)
         self.train = train
         self.update = update
+        self.vmap_depth = vmap_depth()  # a deeper vmap in a training forward is per-row
 
     def read(self, name: str) -> Tensor:
         return unwrap_dead(self.stats[name])
@@ -98,6 +118,12 @@ def batch_norm(scope: NormScope, prefix: str, bn: _BatchNorm, x: Tensor) -> Tens
     mean_key, var_key = f"{prefix}{sep}running_mean", f"{prefix}{sep}running_var"
     weight, bias = bn.weight, bn.bias
     if scope.train and scope.update:
+        if vmap_depth() > scope.vmap_depth:
+            raise FedriskError(
+                f"BatchNorm layer {prefix!r} is in training mode under a per-row vmap (per-sample gradients, "
+                "full-batch objectives under the vectorised executor): one row has no batch statistics; use "
+                'GroupNorm or LayerNorm, model.norm_stats = "frozen", or the sequential executor'
+            )
         out = F.batch_norm(x, None, None, weight, bias, True, 0.0, bn.eps)
         dims = [0, *range(2, x.dim())]
         xd = x.detach()

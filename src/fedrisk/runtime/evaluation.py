@@ -35,6 +35,7 @@ from fedrisk.algorithms.base import Algorithm
 from fedrisk.data.federation import Federation, Samples
 from fedrisk.errors import FedriskError
 from fedrisk.metrics import log_loss, parse_metric
+from fedrisk.metrics.ranking import is_ranking_metric
 from fedrisk.tree import Tree
 
 LOWER_IS_BETTER = ("log_loss", "loss", "std", "generator_error", "grad_phi_norm")
@@ -96,6 +97,8 @@ def score_split(algorithm: Algorithm, params: Tree, split: Samples, metrics: Seq
     for m in metrics:
         if m == "log_loss":
             out[m] = log_loss(scores, split.y, from_logits=not looks_like_probabilities(scores))
+        elif is_ranking_metric(m):  # NDCG: per query (attrs["query"]; none: one list)
+            out[m] = parse_metric(m)(scores, split.y, split.attrs.get("query"))
         else:
             out[m] = parse_metric(m)(scores, split.y)
     return out
@@ -119,6 +122,24 @@ def needs_classes(metric: str) -> tuple[int, ...]:
     return (1,) if kind == "auprc" else ()
 
 
+def check_ranking_splits(federation: Federation, metrics: Sequence[str], splits: Sequence[str] = ()) -> None:
+    """With an NDCG metric, every query of every split evaluated needs a relevant item (NDCG is
+    0/0 otherwise): refused before the run, naming the split (a client's own split names the
+    client) and the query."""
+    if not any(is_ranking_metric(m) for m in metrics):
+        return
+    from fedrisk.objectives.ndcg import check_queries
+
+    named = [(f"the {s} set", getattr(federation, s, None)) for s in splits]
+    for split in ("validation", "test"):
+        named += [(f"client {k}'s {split} split", p) for k, p in enumerate(federation.client_splits(split) or [])]
+    for where, part in named:
+        if part is None or len(part) == 0:
+            continue
+        queries = part.attrs.get("query")
+        check_queries(part.y, queries if queries is not None else torch.zeros_like(part.y), where)
+
+
 def check_client_splits(federation: Federation, metrics: Sequence[str], splits: Sequence[str] = ()) -> None:
     """Refuse per-client test / validation splits (and the global ``splits`` evaluated) that
     lack a class one of ``metrics`` needs (see :func:`needs_classes`), naming the client, before
@@ -134,6 +155,7 @@ def check_client_splits(federation: Federation, metrics: Sequence[str], splits: 
         ...
         fedrisk.errors.FedriskError: client 1's validation split (2 rows) has no label 1, which metric 'auroc' ...
     """
+    check_ranking_splits(federation, metrics, splits)
     if federation.num_classes != 2:
         return
     for split in ("validation", "test"):

@@ -23,6 +23,13 @@ halve from group to group (``largest`` rows for group 0); the test split has ``t
 rows of every group.  ``attrs["group"]`` holds the group id (``game = "fair_group"``,
 ``group_attr = "group"``).
 
+``mog_2d`` (issue 30, the network-adversary GAN): the standard 2-D mixture of ``num_modes``
+Gaussians with standard deviation ``std`` centred on a ring of radius ``radius`` (8 modes,
+``σ = 0.02``, radius 2 by default, as in the unrolled-GAN and VEEGAN papers).  A row is a real
+point; its label is the mode it was drawn from, so a label-skew partitioner (``k_classes`` with
+``classes_per_client = 2``) gives every client a subset of the modes.  The centres and ``std``
+are in ``meta.notes`` (``game = "gan"``'s metrics read them).
+
 Example:
     >>> tr, te, meta = wgan_1d_data(num_samples=4, seed=0)
     >>> tr.x.shape, te.y.tolist(), meta.notes["target_sigma"]
@@ -31,6 +38,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from fedrisk.data.federation import Samples
@@ -38,7 +47,7 @@ from fedrisk.data.loaders import DATASETS, DatasetMeta, LoadedDataset
 from fedrisk.data.transforms import derive_seed
 from fedrisk.errors import check_range
 
-__all__ = ["fair_groups_toy_data", "nc_sc_quadratic_data", "wgan_1d_data"]
+__all__ = ["fair_groups_toy_data", "mog_2d_data", "nc_sc_quadratic_data", "wgan_1d_data"]
 
 
 def _gen(seed: int, tag: str) -> torch.Generator:
@@ -155,5 +164,48 @@ def fair_groups_toy_data(
         source="generated",
         attr_names={"group": [str(k) for k in range(num_groups)]},
         notes={"group_sizes": [largest >> k for k in range(num_groups)], "tilt": tilt},
+    )
+    return LoadedDataset(train, test, meta)
+
+
+@DATASETS.register("mog_2d", "2-D mixture of Gaussians on a ring (label = mode; the GAN example, game = 'gan')")
+def mog_2d_data(
+    *,
+    seed: int = 0,
+    num_samples: int = 8000,
+    num_modes: int = 8,
+    radius: float = 2.0,
+    std: float = 0.02,
+    test_samples: int = 800,
+) -> LoadedDataset:
+    """The ring of Gaussians (see the module docstring): ``num_samples`` training and
+    ``test_samples`` test points, the modes drawn uniformly.
+
+    Example:
+        >>> tr, te, meta = mog_2d_data(num_samples=16, test_samples=8)
+        >>> tr.x.shape, meta.num_classes, [round(v, 3) for v in meta.notes["centers"][2]]
+        (torch.Size([16, 2]), 8, [0.0, 2.0])
+    """
+    check_range("num_samples", num_samples, 1, None)
+    check_range("num_modes", num_modes, 1, None)
+    check_range("test_samples", test_samples, 0, None)
+    check_range("radius", radius, 0.0, None, low_inclusive=False)
+    check_range("std", std, 0.0, None, low_inclusive=False)
+    g = _gen(seed, "mog_2d")
+    angles = 2 * math.pi * torch.arange(num_modes, dtype=torch.float64) / num_modes
+    centers = (radius * torch.stack([torch.cos(angles), torch.sin(angles)], 1)).to(torch.float32)
+    centers = torch.where(centers.abs() < 1e-6, torch.zeros_like(centers), centers)
+
+    def draw(n: int) -> Samples:
+        mode = torch.randint(0, num_modes, (n,), generator=g)
+        return Samples(centers[mode] + std * torch.randn(n, 2, generator=g), mode)
+
+    train, test = draw(num_samples), draw(test_samples)
+    meta = DatasetMeta(
+        "mog_2d",
+        num_modes,
+        [str(k) for k in range(num_modes)],
+        source="generated",
+        notes={"centers": centers.tolist(), "std": std, "radius": radius},
     )
     return LoadedDataset(train, test, meta)
