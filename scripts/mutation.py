@@ -6,6 +6,7 @@ Usage (from the repository root, after ``.venv/bin/pip install mutmut``)::
     .venv/bin/python scripts/mutation.py SCOPE results         # the survivors
     .venv/bin/python scripts/mutation.py SCOPE show NAME       # one mutant's diff
     .venv/bin/python scripts/mutation.py SCOPE run 'fedrisk.runtime.executor.x_check_reply*'  # some mutants
+    .venv/bin/python scripts/mutation.py SCOPE count               # mutants per file, nothing run
 
 A scope is ``aggregators`` (the top-level keys of ``[tool.mutmut]`` in pyproject.toml) or a table
 ``[tool.mutmut.scopes.SCOPE]`` there (its ``source_paths`` and ``pytest_add_cli_args_test_selection``).
@@ -44,6 +45,16 @@ def main(argv: list[str]) -> int:
         print(f"usage: scripts/mutation.py {{{','.join(known)}}} [run|results|show NAME|...]", file=sys.stderr)
         return 2
     scope, args = argv[0], argv[1:] or ["run"]
+    if args[0] == "count":  # mutmut's own generator, as `run` would mutate the files (a few seconds)
+        from mutmut.mutation.file_mutation import mutate_file_contents
+
+        total = 0
+        for path in known[scope]["source_paths"]:
+            count = len(mutate_file_contents(path, (REPO / path).read_text()).mutant_names)
+            total += count
+            print(f"{path}: {count}")
+        print(f"{scope}: {total} mutants")
+        return 0
     if args[0] == "run" and "--max-children" not in args:
         args = [*args[:1], "--max-children", "1", *args[1:]]
     folder = REPO / "runs" / "mutation" / scope

@@ -73,18 +73,24 @@ def close(got: torch.Tensor, want: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("control_variate", ["difference", "gradient_mean"])
 @pytest.mark.parametrize("global_lr", [1.4, 0.7])
-@pytest.mark.parametrize("stage_iters", [None, 2 * WINDOW], ids=["one-stage", "two-windows-per-stage"])
+@pytest.mark.parametrize(
+    ("stage_iters", "reset"),
+    [(None, False), (2 * WINDOW, False), (2 * WINDOW, True)],
+    ids=["one-stage", "two-windows-per-stage", "two-windows-per-stage-reset"],
+)
 def test_codasca_with_global_step_and_local_windows_over_rounds_matches_algorithm_4(
-    control_variate: str, global_lr: float, stage_iters: int | None
+    control_variate: str, global_lr: float, stage_iters: int | None, reset: bool
 ) -> None:
     """With ``stage_iters = 2 I`` a stage ends after every second round (Alg. 3): the next stage
     starts from the last server iterate (``stage_output = "last"``), which becomes the prox
-    reference ``v_0^s``, the step is divided by ``lr_decay``, and the control variates carry on."""
+    reference ``v_0^s``, the step is divided by ``lr_decay``, and the control variates carry on;
+    with ``reset_control_variates`` (Alg. 4's box) every ``c^k`` and ``c`` restart at 0 at the
+    stage's end, so the next stage's first window is a plain CODA+ window."""
     fed = federation()
     lr0, lam, bs, decay = 0.1, 0.05, 4, 3.0
     alg = CODASCA(model=Linear(), lr=lr0, window=WINDOW, stage_iters=stage_iters, prox_coef=lam, batch_size=bs,
                   lr_decay=decay, global_lr=global_lr, control_variate=control_variate,
-                  stage_output="last")  # fmt: skip
+                  stage_output="last", reset_control_variates=reset)  # fmt: skip
     kinds = [alg.schedule(r).kind for r in range(ROUNDS)]
     assert kinds == (["train"] * ROUNDS if stage_iters is None else ["train", "stage_end"] * 2)
     sim = Simulation(alg, fed, seed=SEED, dtype=F64)
@@ -101,6 +107,7 @@ def test_codasca_with_global_step_and_local_windows_over_rounds_matches_algorith
     alpha = torch.zeros((), dtype=F64)
     c_v, c_a = torch.zeros(D + 2, dtype=F64), torch.zeros((), dtype=F64)
     ck_v, ck_a = [c_v.clone() for _ in range(K)], [c_a.clone() for _ in range(K)]
+    largest = 0.0
     for r in range(ROUNDS):
         stage = 0 if stage_iters is None else r // 2
         lr = lr0 / decay**stage
@@ -128,6 +135,10 @@ def test_codasca_with_global_step_and_local_windows_over_rounds_matches_algorith
             ends_a.append(ak)
         ck_v, ck_a = new_ck_v, new_ck_a
         c_v, c_a = torch.stack(ck_v).mean(0), torch.stack(ck_a).mean(0)
+        largest = max(largest, float(c_v.abs().max()))
+        if reset and r % 2 == 1:  # the stage ends: c^k = 0 and c = 0 for the next stage
+            ck_v, ck_a = [torch.zeros_like(c_v) for _ in range(K)], [torch.zeros_like(c_a) for _ in range(K)]
+            c_v, c_a = torch.zeros_like(c_v), torch.zeros_like(c_a)
         v = v + global_lr * (torch.stack(ends_v).mean(0) - v)  # the server extrapolation, η_g
         alpha = alpha + global_lr * (torch.stack(ends_a).mean(0) - alpha)
 
@@ -136,4 +147,4 @@ def test_codasca_with_global_step_and_local_windows_over_rounds_matches_algorith
         close(state["alpha"], alpha)
         close(as_vec(state["c_v"]), c_v)
         close(state["c_alpha"], c_a)
-    assert float(c_v.abs().max()) > 1e-3 and float(alpha.abs()) > 1e-3  # the corrections are not trivially 0
+    assert largest > 1e-3 and float(alpha.abs()) > 1e-3  # the corrections are not trivially 0

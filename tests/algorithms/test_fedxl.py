@@ -449,3 +449,156 @@ def test_vectorized_executor_matches_sequential_with_options() -> None:
     for k in range(4):
         assert torch.allclose(a.client_states[k]["u"], b.client_states[k]["u"], rtol=1e-9, atol=1e-12)
     assert a.server_state["pool_pos"].shape[0] <= 2 * 3 * 4  # τ rounds x participants x upload
+
+
+# ---------------------------------------------------------------------------------------------
+# pinned by mutation testing
+# ---------------------------------------------------------------------------------------------
+
+
+def test_local_pair_messages_and_its_loss_metric() -> None:
+    """Local Pair's single-class warning and the centralised variant's refusal, word for word, and
+    the mean training loss reported under ``loss`` (the run summary's ``train_loss``)."""
+    fed, _ = label_skew()
+    kw = {"model": linear(), "lr": 0.5, "local_steps": 2, "batch_pos": 2, "batch_neg": 2}
+    with pytest.warns(SingleClassClientWarning) as seen:
+        Simulation(LocalPair(**kw), fed, seed=0, dtype=F64)
+    assert str(seen[0].message) == (
+        "local_pair: client 0 has no positive examples (40 samples), so it has no local pairs: its local update is "
+        "zero and it only contributes its unchanged model to the average"
+    )
+    with pytest.raises(FedriskError) as err:
+        Simulation(CentralizedPair(**kw), small_fed(num_clients=2), seed=0, dtype=F64)
+    assert str(err.value).endswith("pool the clients first with fedrisk.algorithms.local_only.centralized(federation)")
+    report = Simulation(LocalPair(**kw), small_fed(num_clients=2), seed=0, dtype=F64).step()
+    assert set(report.train_metrics) == {"loss"} and report.train_metrics["loss"] > 0
+
+
+def test_server_keeps_the_scores_of_every_class_a_client_holds_even_one() -> None:
+    """A client with a single positive (negative) still contributes its positive (negative)
+    scores; one without negatives does not; a round whose participants hold no positives keeps
+    the old positive pool but still merges the negatives; ``history = 1`` keeps no pool lengths,
+    ``history = 2`` keeps each class's lengths under its own key, newest first."""
+    counts = ((1, 2), (2, 0), (2, 1), (0, 2))  # (positives, negatives)
+    info = FedInfo(4, tuple(p + n for p, n in counts), 2, tuple((n, p) for p, n in counts))  # per label 0, 1
+    replies = {
+        k: {
+            "params": {"w": torch.full((1,), float(k))},
+            "momentum": {"w": torch.zeros(1)},
+            "h_pos": torch.tensor([10.0 * k, 10.0 * k + 1]),
+            "h_neg": torch.tensor([-10.0 * k, -10.0 * k - 1, -10.0 * k - 2]),
+            "u_pos": torch.tensor([100.0 * k, 100.0 * k + 1]),
+        }
+        for k in range(4)
+    }
+    ctx = RoundContext(1, info)
+    alg = FeDXL2(model=linear(), local_steps=1, batch_pos=2, batch_neg=3)
+    start = {"params": {}, "momentum": {}, "pool_pos": torch.tensor([7.0]), "pool_neg": torch.tensor([-7.0])}
+    start["pool_u"] = torch.tensor([70.0])
+    state = alg.aggregate(ctx, start, RoundPlan([0, 1, 2]), InMemoryReplies({k: replies[k] for k in (0, 1, 2)}), None)
+    assert state["pool_pos"].tolist() == [0.0, 1.0, 10.0, 11.0, 20.0, 21.0]
+    assert state["pool_neg"].tolist() == [-0.0, -1.0, -2.0, -20.0, -21.0, -22.0]
+    assert not {"sizes_pos", "sizes_neg"} & set(state)
+    only = alg.aggregate(ctx, start, RoundPlan([3]), InMemoryReplies({3: replies[3]}), None)
+    assert only["pool_pos"].tolist() == [7.0] and only["pool_u"].tolist() == [70.0]  # no positives: kept
+    assert only["pool_neg"].tolist() == [-30.0, -31.0, -32.0]
+    two = FeDXL2(model=linear(), local_steps=1, batch_pos=2, batch_neg=3, history=2)
+    state = two.aggregate(ctx, {"params": {}, "momentum": {}}, RoundPlan([0, 2]), InMemoryReplies(
+        {k: replies[k] for k in (0, 2)}), None)  # fmt: skip
+    assert state["sizes_pos"].tolist() == [4, 0] and state["sizes_neg"].tolist() == [6, 0]
+    state = two.aggregate(ctx, state, RoundPlan([3]), InMemoryReplies({3: replies[3]}), None)
+    assert state["sizes_pos"].tolist() == [4, 0] and state["sizes_neg"].tolist() == [3, 6]
+    assert state["pool_neg"].tolist() == [-30.0, -31.0, -32.0, -0.0, -1.0, -2.0, -20.0, -21.0, -22.0]
+
+
+def _counts_info(counts: tuple[tuple[int, int], ...]) -> FedInfo:
+    """FedInfo of clients with ``(positives, negatives)`` each."""
+    return FedInfo(len(counts), tuple(p + n for p, n in counts), 2, tuple((n, p) for p, n in counts))
+
+
+@pytest.mark.parametrize(
+    ("counts", "kw", "message"),
+    [
+        # full participation: the clients holding a class, at `upload` scores each
+        (((1, 3), (0, 2), (2, 0), (1, 1)), {"batch_pos": 2, "upload": 1}, "positive scores without replacement, but "
+         "the pool may hold only 3 client(s) x 1 = 3"),
+        (((1, 3), (0, 2), (2, 0), (1, 1)), {"batch_pos": 1, "upload": 1}, "negative scores without replacement, but "
+         "the pool may hold only 3 client(s) x 1 = 3"),
+        # partial participation: the worst draw of clients_per_round clients
+        (((1, 3), (0, 2), (2, 0), (1, 1)), {"batch_pos": 2, "upload": 2, "clients_per_round": 2}, "a round requests "
+         "K·B = 4 passive positive scores without replacement, but the pool may hold only 1 client(s) x 2 = 2"),
+        (((1, 3), (2, 2), (2, 0), (1, 1)), {"batch_pos": 2, "upload": 2, "clients_per_round": 2}, "negative scores "
+         "without replacement, but the pool may hold only 1 client(s) x 2 = 2"),
+        (((1, 3), (0, 2), (2, 0), (1, 1)), {"batch_pos": 2, "upload": 2, "clients_per_round": 3}, None),
+    ],
+)  # fmt: skip
+def test_the_pool_size_check_counts_the_clients_that_hold_each_class(
+    counts: tuple, kw: dict, message: str | None
+) -> None:
+    """K = 2, B2 = 2: a client with a single positive (negative) counts, one without does not;
+    under partial participation the worst draw counts; the error names the class and the fix."""
+    alg = FeDXL1(model=linear(), local_steps=2, batch_neg=2, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SingleClassClientWarning)
+        if message is None:
+            alg.check(_counts_info(counts))
+            return
+        with pytest.raises(FedriskError) as err:
+            alg.check(_counts_info(counts))
+    assert message in str(err.value)
+    assert str(err.value).endswith(
+        "allowed: a pool at least as large as the request (raise upload or clients_per_round), or passive_sampling = "
+        "'with_replacement'"
+    )
+
+
+def test_upload_subsample_is_evenly_spaced_from_the_first_to_the_last_score() -> None:
+    alg = FeDXL1(model=linear(), local_steps=3, batch_pos=2, batch_neg=2, upload=3)
+    assert alg.subsample(torch.arange(6.0), 3).tolist() == [0.0, 2.0, 5.0]
+    assert alg.subsample(torch.arange(6.0), 6).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_history_three_keeps_three_rounds_of_pool_lengths() -> None:
+    info = _counts_info(((2, 2), (2, 2)))
+    alg = FeDXL2(model=linear(), local_steps=1, batch_pos=2, batch_neg=2, history=3)
+    state: dict = {"params": {}, "momentum": {}}
+    for r in range(4):
+        replies = {
+            k: {"params": {"w": torch.zeros(1)}, "momentum": {"w": torch.zeros(1)},
+                "h_pos": torch.full((r + 1,), 1.0 * r), "h_neg": torch.full((r + 1,), -1.0 * r),
+                "u_pos": torch.full((r + 1,), 10.0 * r)}
+            for k in range(2)
+        }  # fmt: skip
+        state = alg.aggregate(RoundContext(r + 1, info), state, RoundPlan([0, 1]), InMemoryReplies(replies), None)
+    assert state["sizes_pos"].tolist() == [8, 6, 4] and state["sizes_pos"].dtype == torch.int64
+    assert state["sizes_neg"].tolist() == [8, 6, 4] and state["sizes_neg"].dtype == torch.int64
+    assert state["pool_pos"].tolist() == [3.0] * 8 + [2.0] * 6 + [1.0] * 4  # the oldest round (r = 0) dropped
+    assert state["pool_u"].tolist() == [30.0] * 8 + [20.0] * 6 + [10.0] * 4
+
+
+def test_upload_bounds_and_the_passive_pool_errors_word_for_word() -> None:
+    with pytest.raises(FedriskError, match=r"^upload = 0 is out of range; allowed: \[1, inf\)$"):
+        FeDXL1(model=None, local_steps=2, batch_pos=2, batch_neg=3, upload=0)
+    with pytest.raises(FedriskError, match=r"^fedxl1: upload = 5 exceeds the K·B = 4 scores a client computes per"):
+        FeDXL1(model=None, local_steps=2, batch_pos=2, batch_neg=3, upload=5)
+    for upload in (1, 4):  # the smallest and the largest allowed
+        assert FeDXL1(model=None, local_steps=2, batch_pos=2, batch_neg=3, upload=upload).uploads() == (upload, upload)
+    alg = FeDXL1(model=linear(), local_steps=2, batch_pos=2, batch_neg=2)
+    payload = {"pool_pos": torch.zeros(3, dtype=F64), "pool_neg": torch.zeros(4, dtype=F64)}
+    draws = {"keys_pos": torch.rand(8, dtype=F64), "keys_neg": torch.rand(8, dtype=F64)}
+    with pytest.raises(FedriskError) as err:
+        alg.passive_scores(payload, draws)
+    assert str(err.value) == (
+        "fedxl1: the pool holds 3 pos scores but a round takes K·B = 4 without replacement; allowed: a pool at least "
+        "that large, or passive_sampling = 'with_replacement'"
+    )
+    big = {"pool_pos": torch.zeros(9, dtype=F64), "pool_neg": torch.zeros(4, dtype=F64)}
+    with pytest.raises(FedriskError, match=r"^fedxl1: the pos pool \(9\) is larger than the N·τ·K·B bound$"):
+        alg.passive_scores(big, draws)
+
+
+def test_fedxl_reports_its_training_loss_as_loss() -> None:
+    sim = Simulation(FeDXL2(model=linear(), local_steps=2, batch_pos=2, batch_neg=2), small_fed(), seed=0, dtype=F64)
+    sim.step()
+    report = sim.step()
+    assert set(report.train_metrics) == {"loss"} and report.train_metrics["loss"] > 0

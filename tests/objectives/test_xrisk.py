@@ -142,3 +142,81 @@ def test_pauc_metric_in_both_conventions(max_fpr: float) -> None:
     # the config names: pauroc (plain) and spauroc (McClish)
     assert parse_metric(f"pauroc:{max_fpr}")(s, y) == pytest.approx(plain, abs=1e-12)
     assert parse_metric(f"spauroc:{max_fpr}")(s, y) == pytest.approx(sklearn_value, abs=1e-9)
+
+
+# ----------------------------------------------------------------------------- pinned by mutation testing
+
+
+def test_defaults_and_margins_against_hand_values() -> None:
+    """Default ``λ = 1``, ``m = 1``, and a non-default margin reaching the surrogate through
+    :func:`xrisk`, :func:`kl_pauc_risk`, :func:`pairwise_auc_risk` and both terms of
+    :func:`decomposed_surrogate` (the training tests all ran at ``m = 1``)."""
+    from fedrisk.objectives.xrisk import pairwise_auc_risk, square_pair, xrisk
+
+    a, b = torch.tensor([0.9, 0.2], dtype=F64), torch.tensor([0.4, 0.7, 0.1], dtype=F64)
+    d = a[:, None] - b[None, :]
+    hinge = lambda m: torch.clamp(m - d, min=0) ** 2  # noqa: E731
+    torch.testing.assert_close(square_pair(a[:, None], b[None, :]), (1 - d) ** 2)
+    u = torch.tensor([1.5, 3.0], dtype=F64)
+    torch.testing.assert_close(outer_value("pauc", u), torch.log(u))  # λ = 1
+    kl = lambda m, lam: (lam * torch.log(torch.exp(hinge(m) / lam).mean(1))).mean()  # noqa: E731
+    torch.testing.assert_close(xrisk("pauc", "squared_hinge", a, b), kl(1.0, 1.0))
+    torch.testing.assert_close(kl_pauc_risk(a, b), kl(1.0, 1.0))
+    torch.testing.assert_close(xrisk("pauc", "squared_hinge", a, b, lam=0.5, margin=0.6), kl(0.6, 0.5))
+    torch.testing.assert_close(kl_pauc_risk(a, b, lam=0.5, margin=0.6), kl(0.6, 0.5))
+    torch.testing.assert_close(pairwise_auc_risk(a, b), torch.sigmoid(-d).mean())  # PSM by default
+    torch.testing.assert_close(pairwise_auc_risk(a, b, "squared_hinge", margin=0.6), hinge(0.6).mean())
+    torch.testing.assert_close(pairwise_auc_risk(a, b, "square"), ((1 - d) ** 2).mean())
+    # decomposed: G1 pairs the active a with the passive negatives, G2 the passive positives with b
+    pn, pp, ua, up = b[:2], a.flip(0), torch.tensor([1.2, 2.0], dtype=F64), torch.tensor([1.1, 1.7], dtype=F64)
+    for lam, m, kw in ((1.0, 1.0, {}), (0.5, 0.6, {"lam": 0.5, "margin": 0.6})):
+        L1 = torch.exp(torch.clamp(m - (a[:, None] - pn[None, :]), min=0) ** 2 / lam)
+        L2 = torch.exp(torch.clamp(m - (pp[:, None] - b[None, :]), min=0) ** 2 / lam)
+        want = (lam / ua * L1.mean(1)).mean() + (lam / up[:, None] * L2).mean()
+        got = decomposed_surrogate("pauc", "squared_hinge", a, b, pn, pp, ua, up, **kw)
+        torch.testing.assert_close(got, want, rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("fn", ["inner_loss", "outer_value", "outer_grad"])
+def test_an_unknown_kind_is_named(fn: str) -> None:
+    call = {
+        "inner_loss": lambda: inner_loss("pauc2", "square", torch.ones(2), torch.ones(3)),
+        "outer_value": lambda: outer_value("pauc2", torch.ones(2)),
+        "outer_grad": lambda: outer_grad("pauc2", torch.ones(2)),
+    }[fn]
+    with pytest.raises(FedriskError, match=r"^unknown xrisk 'pauc2'\. Did you mean 'pauc'\? Valid choices: ap, auc, "):
+        call()
+
+
+def test_inner_loss_and_outer_grad_default_to_lambda_one() -> None:
+    a, b = torch.tensor([0.9, 0.2], dtype=F64), torch.tensor([0.4, 0.7, 0.1], dtype=F64)
+    torch.testing.assert_close(inner_loss("pauc", "square", a, b), torch.exp((1 - (a[:, None] - b[None, :])) ** 2))
+    u = torch.tensor([1.5, 3.0], dtype=F64)
+    torch.testing.assert_close(outer_grad("pauc", u), 1 / u)
+
+
+def test_squared_hinge_default_margin_and_unknown_surrogate() -> None:
+    from fedrisk.objectives.xrisk import squared_hinge_pair
+
+    a, b = torch.tensor([0.9, 0.2], dtype=F64), torch.tensor([0.4, 0.1], dtype=F64)
+    torch.testing.assert_close(squared_hinge_pair(a, b), torch.clamp(1 - (a - b), min=0) ** 2)
+    with pytest.raises(FedriskError, match=r"^unknown surrogate 'squre'\. Did you mean 'square'\? Valid choices: "):
+        pairwise_loss("squre", a, b)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("lam", "x", "lam must be a number; got 'x'"),
+        ("gamma", True, "gamma must be a number; got True"),
+        ("beta", float("nan"), "beta must be a number; got nan"),
+        ("margin", None, "margin must be a number; got None"),
+        ("margin", 0.0, r"margin = 0.0 is out of range; allowed: (0.0, inf)"),
+        ("margin", -1.0, r"margin = -1.0 is out of range; allowed: (0.0, inf)"),
+    ],
+)
+def test_xrisk_params_are_numbers_and_name_themselves(key: str, value: object, message: str) -> None:
+    kw = {"kind": "pauc", "surrogate": "squared_hinge", "lam": 1.0, "gamma": 0.1, "beta": 0.1, "margin": 1.0}
+    with pytest.raises(FedriskError) as err:
+        check_xrisk_params(**{**kw, key: value})
+    assert str(err.value) == message
