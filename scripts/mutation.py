@@ -10,7 +10,7 @@ Usage (from the repository root, after ``.venv/bin/pip install mutmut``)::
 
 A scope is ``aggregators`` (the top-level keys of ``[tool.mutmut]`` in pyproject.toml) or a table
 ``[tool.mutmut.scopes.SCOPE]`` there (its ``source_paths`` and ``pytest_add_cli_args_test_selection``).
-Each scope runs in its own folder, ``runs/mutation/SCOPE/``: a copy of ``src/``, ``tests/`` and
+Each scope runs in its own folder, ``runs/mutation/SCOPE/``: a copy of ``src/``, ``tests/``, ``configs/`` and
 ``pyproject.toml`` whose ``[tool.mutmut]`` is the scope's.  mutmut keeps its results there, so the
 scopes do not mix and a stopped run goes on where it stopped (the copy is refreshed at each call).
 ``FEDRISK_FUZZ_EXAMPLES`` defaults to 10 (the fuzz tests are not the point of a mutant run) and
@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
     folder = REPO / "runs" / "mutation" / scope
     folder.mkdir(parents=True, exist_ok=True)
     if args[0] == "run":  # refresh the copy (mutmut itself copies only what it has not copied yet)
-        for name in ("src", "tests"):
+        for name in ("src", "tests", "configs"):  # configs: tests that read the shipped configs
             shutil.copytree(REPO / name, folder / name, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))  # fmt: skip
         config = {**pyproject, "tool": {**pyproject["tool"], "mutmut": known[scope]}}
