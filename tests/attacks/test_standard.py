@@ -1,5 +1,7 @@
 """The standard attacks: pinned forged replies, randomness, data poisoning, registry and bad input."""
 
+from statistics import NormalDist
+
 import pytest
 import torch
 
@@ -43,6 +45,16 @@ def test_alie_z_matches_baruch_et_al() -> None:
     assert alie_z(50, 24) == pytest.approx(1.75069, abs=1e-4)  # s = 2, Phi^-1(48/50)
     with pytest.raises(FedriskError, match="0 < f < n"):
         alie_z(5, 0)
+
+
+def test_alie_z_at_odd_n_the_bounds_of_f_and_a_majority_of_byzantines() -> None:
+    # pinned by mutation testing (frpg scope): an odd n, where floor(n/2 + 1) and n/2 + 1 differ
+    assert alie_z(21, 4) == pytest.approx(NormalDist().inv_cdf(14 / 21), abs=1e-9)  # s = 11 - 4 = 7
+    assert alie_z(5, 1) == pytest.approx(NormalDist().inv_cdf(3 / 5), abs=1e-9)  # f = 1 is allowed
+    with pytest.raises(FedriskError, match="0 < f < n"):
+        alie_z(5, 5)
+    # f > n/2 + 1 gives s < 0 and (n - s)/n > 1: clamped just below 1, a finite z
+    assert alie_z(10, 8) == pytest.approx(NormalDist().inv_cdf(1 - 1e-6), abs=1e-9)
 
 
 def test_gaussian_is_scaled_and_redrawn_every_round() -> None:
