@@ -488,3 +488,17 @@ def test_global_p_recovers_mixture_saddle():
 def test_docstring_examples():
     result = doctest.testmod(auc_module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("name", ["a", "b", "alpha", "p", "margin"])
+def test_a_non_scalar_parameter_is_named(name: str) -> None:
+    # pinned by mutation testing (codasca scope): the parameter names in the scalar checks
+    h, y = torch.tensor(TOY_H, dtype=F64), torch.tensor(TOY_Y)
+    values = {"a": 0.5, "b": 0.3, "alpha": 1.1, "p": 0.5, "margin": 1.0}
+    values[name] = torch.ones(2, dtype=F64)
+    with pytest.raises(FedriskError, match=rf"^{name} must be a scalar; got a tensor of shape \(2,\)$"):
+        auc_margin_minmax(h, y, **values)
+    if name != "p":
+        del values["p"]
+        with pytest.raises(FedriskError, match=rf"^{name} must be a scalar"):
+            auc_dual_closed_form_direction(h, y, **values)
