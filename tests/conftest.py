@@ -18,3 +18,14 @@ def torch_threads():
     if THREADS > 0:
         torch.set_num_threads(THREADS)
     yield
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op torch thread for the test (``FEDRISK_TEST_THREADS`` wins when set): many small
+    tensor operations run fastest, and steadiest on a busy machine, on one thread.  Modules opt in
+    with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(THREADS or 1)
+    yield
+    torch.set_num_threads(before)

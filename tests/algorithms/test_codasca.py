@@ -48,13 +48,7 @@ TOL = 1e-12
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    """Many small tensor operations: one intra-op thread is fastest (and steady on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def small_fed(num_clients: int = 4, seed: int = 0, dim: int = 6) -> Federation:

@@ -19,14 +19,6 @@ FEDAVG = {"name": "fedavg", "lr": 0.05, "local_steps": 1, "batch_size": 8}
 CODASCA = {"name": "codasca", "lr": 0.05, "window": 1, "batch_size": 8}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def config(algorithm: dict[str, Any], model: dict[str, Any], binary: bool = False, **run: Any) -> Any:
     data: dict[str, Any] = {"dataset": "digits", "num_clients": 2, "dataset_options": {"flatten": False}}
     if binary:

@@ -21,14 +21,6 @@ from fedrisk.objectives.adversarial import GAME_REGISTRY
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def gan_config(**over: Any) -> dict[str, Any]:
     raw = tomllib.loads((CONFIGS / "minimax" / "gan_mog.toml").read_text())
     raw.pop("sweep")

@@ -18,13 +18,7 @@ from fedrisk.runtime.simulation import Simulation
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: small convolutions on a busy machine are many times slower with more."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 NETS = {
