@@ -435,3 +435,14 @@ def test_byzantine_configs_set_lipschitz_in_every_frpg_variant(name: str) -> Non
     assert set(variants) == {"frpg", "lfrpg"}
     for v in variants.values():
         assert v["algorithm.lipschitz"] > 10  # max ||x||^2 + 1 of the data, not the default 1.0
+
+
+def test_robust_sgd_step_size_decays_as_lr_over_sqrt_k() -> None:
+    # pinned by mutation testing (frpg scope): the decay's form, its offset and its switch survived
+    info = FedInfo(2, (1, 1), 3)
+    sqrt_decay = RobustSGD(model=model(), loss=cross_entropy, lr=3.0)
+    constant = RobustSGD(model=model(), loss=cross_entropy, lr=3.0, lr_decay="constant")
+    for r in (0, 3, 8):
+        k = r + 1  # the paper's iteration k starts at 1
+        assert sqrt_decay.step_size(RoundContext(r, info)) == pytest.approx(3.0 / k**0.5, abs=1e-12)
+        assert constant.step_size(RoundContext(r, info)) == 3.0

@@ -100,3 +100,18 @@ def test_registry_and_config() -> None:
         from fedrisk.experiment.runner import build_simulation
 
         build_simulation(resolve_config({**raw, "attack": {"name": "gaussian", "scale": -1.0, "num_byzantine": 2}}))
+
+
+def test_alie_with_two_honest_replies_and_with_one() -> None:
+    # pinned by mutation testing (frpg scope): the one-honest-reply rule (std 0) and its threshold
+    two = forged(ALIE(z=1.0), byz=(2, 3, 4))  # honest 0 and 1: mean (0.5, 1), Bessel std (0.7071, 1.4142)
+    assert two[2]["p"]["w"].tolist() == pytest.approx([0.5 - 0.5**0.5, 1.0 - 2**0.5])
+    one = forged(ALIE(z=1.0), byz=(1, 2, 3, 4))  # honest 0 alone: std 0, the forgery is its value
+    assert one[1]["p"]["w"].tolist() == [0.0, 0.0]
+
+
+def test_gaussian_forgery_keeps_the_reply_dtype() -> None:
+    # pinned by mutation testing (frpg scope): the cast to the reply's dtype
+    floats = InMemoryReplies({k: {"w": torch.tensor([float(k)], dtype=torch.float32)} for k in range(3)})
+    out = GaussianAttack(1.0).apply(CTX, floats, [2], torch.Generator().manual_seed(0)).as_dict()
+    assert out[2]["w"].dtype == torch.float32  # the noise is drawn in float64
