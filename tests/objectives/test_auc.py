@@ -498,7 +498,20 @@ def test_a_non_scalar_parameter_is_named(name: str) -> None:
     values[name] = torch.ones(2, dtype=F64)
     with pytest.raises(FedriskError, match=rf"^{name} must be a scalar; got a tensor of shape \(2,\)$"):
         auc_margin_minmax(h, y, **values)
+    if name != "margin":
+        square = {k: v for k, v in values.items() if k != "margin"}
+        with pytest.raises(FedriskError, match=rf"^{name} must be a scalar"):
+            auc_square_minmax(h, y, **square)
     if name != "p":
         del values["p"]
         with pytest.raises(FedriskError, match=rf"^{name} must be a scalar"):
             auc_dual_closed_form_direction(h, y, **values)
+
+
+@pytest.mark.parametrize("name", ["scores", "labels"])
+def test_a_badly_shaped_score_or_label_vector_is_named(name: str) -> None:
+    # pinned by mutation testing (codasca scope): the names in the shape checks
+    args = {"scores": torch.tensor(TOY_H, dtype=F64), "labels": torch.tensor(TOY_Y)}
+    args[name] = args[name].reshape(2, 2)
+    with pytest.raises(FedriskError, match=rf"^{name} must have shape \[N\] or \[N, 1\]; got \(2, 2\)$"):
+        auc_square_minmax(args["scores"], args["labels"], a=0.5, b=0.3, alpha=1.1, p=0.5)
