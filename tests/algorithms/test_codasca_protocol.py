@@ -37,8 +37,10 @@ from fedrisk.tree import tree_flatten_vector, tree_map
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# the fixtures and helpers of the first-pass tests (one_thread is an autouse fixture)
-from test_codasca import F64, flat, max_diff, mlp, one_thread, sim_of, small_fed  # noqa: F401
+# the helpers of the first-pass tests
+from test_codasca import F64, flat, max_diff, mlp, sim_of, small_fed
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 TOL = 1e-12
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "codasca"
@@ -217,6 +219,11 @@ def test_large_effective_step_warns() -> None:
         warnings.simplefilter("error")
         CODASCA(model=None, lr=0.1, window=8, global_lr=1.1)  # η̃ = 0.88
         CODASCA(model=None, lr=0.2, window=4, window_growth=2.0, lr_decay=2.0)  # Theorem 2: η̃ = 0.8 fixed
+        CODASCA(model=None, lr=0.25, window=2, global_lr=2.0)  # η̃ = 1.0, at the limit: no warning
+        CODASCA(model=None, lr=0.1, window=2, stage_iters=None)  # no stages: nothing grows
+    # pinned by mutation testing (codasca scope): η̃ multiplies the global step in
+    with pytest.warns(LargeEffectiveStepWarning, match=r"= 0\.3 \* 2\.0 \* 2 = 1\.2 exceeds"):
+        CODASCA(model=None, lr=0.3, window=2, global_lr=2.0)
 
 
 # --------------------------------------------------------------------------------------------
