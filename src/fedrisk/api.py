@@ -64,6 +64,32 @@ class Callback:
     def on_end(self, sim: Simulation, history: History) -> None: ...
 
 
+class RoundDisplay(Callback):
+    """A callback written as plain methods, ``start(round)``, ``round_end(round, train_metrics)``,
+    ``evaluation(record)`` and ``close()``, which a display can also be driven by without a
+    :class:`Simulation`; the hooks only forward to them."""
+
+    def on_start(self, sim: Simulation) -> None:
+        self.start(sim.round)
+
+    def on_round_end(self, sim: Simulation, report: RoundReport) -> None:
+        self.round_end(sim.round, report.train_metrics)
+
+    def on_evaluation(self, sim: Simulation, record: dict[str, Any]) -> None:
+        self.evaluation(record)
+
+    def on_end(self, sim: Simulation, history: History) -> None:
+        self.close()
+
+    def start(self, round: int) -> None: ...
+
+    def round_end(self, round: int, train_metrics: dict[str, float]) -> None: ...
+
+    def evaluation(self, record: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 def evaluation_record(sim: Simulation, metrics: Sequence[str], splits: Sequence[str], elapsed: float) -> dict[str, Any]:
     record: dict[str, Any] = {"round": sim.round}
     rows: list[dict[str, Any]] = []
@@ -129,7 +155,7 @@ def _record(sim, names, splits, start, history, callbacks) -> None:
         cb.on_evaluation(sim, record)
 
 
-class ProgressBar(Callback):
+class ProgressBar(RoundDisplay):
     """A ``tqdm`` progress bar over the rounds (to standard error), with the last round's mean
     training loss and the latest evaluation's first metrics: what :func:`run_federation` shows
     when standard error is a terminal, and the bar of ``fedrisk run`` (``progress = "bar"``,
@@ -165,20 +191,7 @@ class ProgressBar(Callback):
         self.bar: Any = None
         self._postfix: dict[str, str] = {}
 
-    # -- Callback hooks ---------------------------------------------------------------------
-    def on_start(self, sim: Simulation) -> None:
-        self.start(sim.round)
-
-    def on_round_end(self, sim: Simulation, report: RoundReport) -> None:
-        self.round_end(sim.round, report.train_metrics)
-
-    def on_evaluation(self, sim: Simulation, record: dict[str, Any]) -> None:
-        self.evaluation(record)
-
-    def on_end(self, sim: Simulation, history: History) -> None:
-        self.close()
-
-    # -- plain methods (usable without a Simulation) -----------------------------------------
+    # -- plain methods (usable without a Simulation; the hooks come from RoundDisplay) --------
     def start(self, round: int) -> None:
         """Open the bar at ``round`` (a resumed run starts part-way)."""
         from tqdm.auto import tqdm

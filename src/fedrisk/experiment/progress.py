@@ -22,8 +22,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from fedrisk.api import Callback, History, ProgressBar
-from fedrisk.runtime.simulation import RoundReport, Simulation
+from fedrisk.api import ProgressBar, RoundDisplay
 
 MODES = ("auto", "bar", "plain", "none")
 _NON_METRIC = ("round", "bytes_down", "bytes_up", "wall_time", "steps_per_client", "samples_seen")
@@ -57,7 +56,7 @@ def metric_items(record: Mapping[str, Any]) -> list[tuple[str, Any]]:
     return [(k, v) for k, v in record.items() if k not in _NON_METRIC]
 
 
-class Progress(Callback):
+class Progress(RoundDisplay):
     """Shows a run's progress (a :class:`~fedrisk.api.Callback`).
 
     Args:
@@ -97,20 +96,7 @@ class Progress(Callback):
         self._latest: dict[str, Any] = {}
         self._bar: ProgressBar | None = None
 
-    # -- Callback hooks ---------------------------------------------------------------------
-    def on_start(self, sim: Simulation) -> None:
-        self.start(sim.round)
-
-    def on_round_end(self, sim: Simulation, report: RoundReport) -> None:
-        self.round_end(sim.round, report.train_metrics)
-
-    def on_evaluation(self, sim: Simulation, record: dict[str, Any]) -> None:
-        self.evaluation(record)
-
-    def on_end(self, sim: Simulation, history: History) -> None:
-        self.close()
-
-    # -- plain methods (usable without a Simulation) -----------------------------------------
+    # -- plain methods (usable without a Simulation; the hooks come from RoundDisplay) --------
     def start(self, round: int) -> None:
         self._t0 = time.perf_counter()
         self._start_round = self._round = round

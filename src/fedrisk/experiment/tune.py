@@ -32,14 +32,11 @@ which finished ones depends on timing).
 A trial whose run fails (a diverging step size stops the run with a non-finite state) is
 recorded as failed with its message, counts towards the budget and does not stop the study.
 
-Example:
-    >>> parse_dimension("algorithm.lr", "log:1e-3:1")
-    Dimension(key='algorithm.lr', kind='log', low=0.001, high=1.0, choices=())
-    >>> parse_dimension("algorithm.lam", "choice:1,10,100").choices
-    (1, 10, 100)
-    >>> parse_dimension("algorithm.lr", "log:0:1")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    fedrisk.errors.FedriskError: search space algorithm.lr = 'log:0:1' does not parse: ...
+The search-space strings are parsed by :mod:`fedrisk.experiment.tune_space` (examples there).
+
+Example (the random start-up trials before TPE and the median pruner take over):
+    >>> startup_trials(8), startup_trials(16), startup_trials(100)
+    (2, 4, 10)
 """
 
 from __future__ import annotations
