@@ -1,5 +1,6 @@
 """The standard attacks: pinned forged replies, randomness, data poisoning, registry and bad input."""
 
+import re
 from statistics import NormalDist
 
 import pytest
@@ -74,19 +75,39 @@ def test_omniscient_attack_needs_an_honest_reply() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cls", "kw", "match"),
+    ("cls", "kw", "message"),
     [
-        (GaussianAttack, {"scale": 0.0}, "scale"),
-        (GaussianAttack, {"scale": float("inf")}, "scale"),
-        (SignFlipAttack, {"scale": -1.0}, "scale"),
-        (IPM, {"epsilon": 0.0}, "epsilon"),
-        (ALIE, {"z": float("nan")}, "z"),
-        (SameValueAttack, {"value": float("inf")}, "value"),
+        (GaussianAttack, {"scale": 0.0}, "gaussian: scale = 0.0 is not allowed; it must be a finite number > 0"),
+        (
+            GaussianAttack,
+            {"scale": float("inf")},
+            "gaussian: scale = inf is not allowed; it must be a finite number > 0",
+        ),
+        (SignFlipAttack, {"scale": -1.0}, "sign_flip: scale = -1.0 is not allowed; it must be a finite number > 0"),
+        (IPM, {"epsilon": 0.0}, "ipm: epsilon = 0.0 is not allowed; it must be a finite number > 0"),
+        (IPM, {"epsilon": True}, "ipm: epsilon = True is not allowed; it must be a finite number > 0"),
+        (ALIE, {"z": float("nan")}, "alie: z = nan is not allowed; it must be a finite number"),
+        (ALIE, {"z": "1"}, "alie: z = '1' is not allowed; it must be a finite number"),
+        (
+            SameValueAttack,
+            {"value": float("inf")},
+            "same_value: value = inf is not allowed; it must be a finite number",
+        ),
     ],
 )
-def test_bad_attack_options(cls, kw, match) -> None:
-    with pytest.raises(FedriskError, match=match):
+def test_bad_attack_options(cls, kw, message) -> None:
+    # the whole message: the attack, its option and what is allowed (pinned by mutation testing, frpg scope)
+    with pytest.raises(FedriskError, match=f"^{re.escape(message)}$"):
         cls(**kw)
+
+
+def test_attack_defaults_are_the_papers() -> None:
+    # paper 002's Gaussian scale 1e4; a plain sign flip; IPM's epsilon 0.1 (Xie et al.); RSA's same value 100;
+    # ALIE's z = 0 meaning Baruch et al.'s z_max, and a given z used from the start (before any apply)
+    assert GaussianAttack().scale == 1e4 and SignFlipAttack().scale == 1.0
+    assert IPM().epsilon == 0.1 and SameValueAttack().value == 100.0 and ALIE().z == 0.0
+    honest = torch.tensor([[0.0], [2.0]])
+    assert ALIE(z=2.0).forge_leaf(torch.zeros(1), honest, torch.Generator()).tolist() == pytest.approx([1 - 2 * 2**0.5])
 
 
 def test_registry_and_config() -> None:
