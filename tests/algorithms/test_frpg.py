@@ -419,6 +419,25 @@ def test_robust_sgd_with_bucketing_is_executor_independent() -> None:
     assert torch.allclose(wa, wb, atol=1e-12)
 
 
+def test_nonfinite_messages_are_raised_on_or_excluded() -> None:
+    """``nonfinite = "raise"`` names the workers; ``"exclude"`` sums the finite ones and, with
+    nothing finite left, says so (pinned by mutation testing, frpg scope)."""
+    nan, inf = float("nan"), float("inf")
+    rows = {0: [1.0, 2.0, 0.5], 1: [nan, 0.0, 0.0], 2: [0.5, -1.0, 0.0], 3: [0.0, inf, 1.0]}
+    replies = InMemoryReplies({k: {"g": torch.tensor(v, dtype=F64)} for k, v in rows.items()})
+    with pytest.raises(FedriskError, match=re.escape("frpg: the messages g of workers [1, 3] contain NaN/inf")):
+        frpg().message_sum(replies, 10.0, None)
+    total = frpg(nonfinite="exclude").message_sum(replies, 10.0, None)
+    assert total.tolist() == [1.5, 1.0, 0.5]  # workers 0 and 2, unprojected (norms < 10)
+    one = InMemoryReplies(
+        {0: {"g": torch.tensor([3.0, 4.0], dtype=F64)}, 1: {"g": torch.tensor([nan, 0.0], dtype=F64)}}
+    )
+    assert frpg(nonfinite="exclude").message_sum(one, 1.0, None).tolist() == pytest.approx([0.6, 0.8])  # projected
+    none = InMemoryReplies({k: {"g": torch.tensor([nan, inf], dtype=F64)} for k in range(2)})
+    with pytest.raises(FedriskError, match=r"^frpg: every message contains NaN/inf; nothing left to aggregate$"):
+        frpg(nonfinite="exclude").message_sum(none, 1.0, None)
+
+
 def test_robust_sgd_buckets_with_the_rounds_generator() -> None:
     """``w_0 ← w_0 − η_k median(bucket means)``, the buckets drawn from the generator the round
     hands to ``aggregate`` (the aggregator's fixed fallback seed would bucket alike every round;

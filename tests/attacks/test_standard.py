@@ -9,6 +9,7 @@ import torch
 from fedrisk.aggregators import InMemoryReplies
 from fedrisk.algorithms.base import FedInfo, RoundContext
 from fedrisk.attacks import ALIE, ATTACKS, IPM, GaussianAttack, SameValueAttack, SignFlipAttack, ZeroAttack, alie_z
+from fedrisk.attacks.standard import ReplyAttack
 from fedrisk.errors import FedriskError
 from fedrisk.rng import server_generator
 
@@ -136,3 +137,31 @@ def test_gaussian_forgery_keeps_the_reply_dtype() -> None:
     floats = InMemoryReplies({k: {"w": torch.tensor([float(k)], dtype=torch.float32)} for k in range(3)})
     out = GaussianAttack(1.0).apply(CTX, floats, [2], torch.Generator().manual_seed(0)).as_dict()
     assert out[2]["w"].dtype == torch.float32  # the noise is drawn in float64
+
+
+class _Nudge(ReplyAttack):
+    """A custom omniscient attack: its own leaf, plus the honest mean, plus noise from the round's generator."""
+
+    name = "nudge"
+    omniscient = True
+
+    def forge_leaf(self, own, honest, gen):
+        return own + honest.mean(dim=0) + torch.rand(own.shape, generator=gen, dtype=own.dtype)
+
+
+def test_reply_attack_contract_for_a_custom_omniscient_attack() -> None:
+    """``forge_leaf`` gets the Byzantine client's own leaf, the honest leaves stacked and the
+    round's generator; integer leaves inside a forged tree (a batch-norm step counter) are kept
+    (pinned by mutation testing, frpg scope)."""
+    tree = {k: {"p": {"w": torch.tensor([float(k), 1.0]), "steps": torch.tensor(10 + k)}} for k in range(4)}
+    out = _Nudge().apply(CTX, InMemoryReplies(tree), [3], torch.Generator().manual_seed(5)).as_dict()
+    noise = torch.rand(2, generator=torch.Generator().manual_seed(5))
+    assert out[3]["p"]["w"].tolist() == pytest.approx(
+        (torch.tensor([3.0, 1.0]) + torch.tensor([1.0, 1.0]) + noise).tolist()
+    )
+    assert int(out[3]["p"]["steps"]) == 13 and out[3]["p"]["steps"].dtype == torch.int64
+
+
+def test_a_non_omniscient_attack_runs_with_every_client_byzantine() -> None:
+    out = SignFlipAttack(2.0).apply(CTX, replies(), [0, 1, 2, 3, 4], torch.Generator()).as_dict()
+    assert [out[k]["p"]["w"].tolist() for k in range(5)] == [[-2.0 * k, -4.0 * k] for k in range(5)]
