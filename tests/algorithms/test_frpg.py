@@ -438,6 +438,51 @@ def test_nonfinite_messages_are_raised_on_or_excluded() -> None:
         frpg(nonfinite="exclude").message_sum(none, 1.0, None)
 
 
+def test_lipschitz_warning_reads_the_data_bound() -> None:
+    """The warning's bound is ``1 + max_i ||x_i||^2`` over every client's real rows (padding
+    excluded), quoted in the message; silent at exactly a tenth of it and without data (pinned by
+    mutation testing, frpg scope)."""
+    import warnings
+
+    rows = LocalData(
+        torch.tensor([[1.0, 2.0], [0.5, 0.5], [9.0, 9.0]], dtype=F64), torch.tensor([0, 1, 0]), torch.tensor(2)
+    )
+    other = LocalData(torch.tensor([[0.0, 1.5]], dtype=F64), torch.tensor([1]), torch.tensor(1))
+    fed = FedInfo(2, (2, 1), CLASSES)
+    bound = 1.0 + 5.0  # ||(1, 2)||^2 = 5; the padded row (9, 9) does not count
+    with pytest.warns(UserWarning) as record:
+        frpg(lipschitz=0.5).check_data(fed, [rows, other])
+    assert str(record[0].message) == (
+        "frpg: lipschitz = 0.5 is below a tenth of max_i ||x_i||^2 + 1 = 6 of the training data (the paper's L_n "
+        "for softmax regression); the worker steps 1/alpha_n of eq. (17) may be too long"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        frpg(lipschitz=0.1 * bound).check_data(fed, [rows, other])  # at the limit
+        empty = LocalData(torch.zeros(1, 2, dtype=F64), torch.tensor([0]), torch.tensor(0))
+        frpg(lipschitz=0.15).check_data(FedInfo(1, (0,), CLASSES), [empty])  # no rows: the bound is 1
+
+
+def test_the_pre_aggregation_f_bound_is_checked_against_the_workers() -> None:
+    """``2 pre_f < n`` for both ``nnm`` and ``arc``; the bound itself is allowed."""
+    data = [LocalData(torch.zeros(1, FEATURES, dtype=F64), torch.tensor([0]), torch.tensor(1))] * 5
+    frpg(pre="nnm", pre_f=2).check_data(FedInfo(5, (1,) * 5, CLASSES), data)  # 4 < 5
+    with pytest.raises(
+        FedriskError,
+        match=r"^algorithm.pre_f = 2 is not allowed with 4 workers: pre = 'arc' needs 2 pre_f < the number of workers$",
+    ):
+        frpg(pre="arc", pre_f=2).check_data(FedInfo(4, (1,) * 4, CLASSES), data[:4])
+
+
+def test_lambda_schedule_defaults_and_the_slot_numbering() -> None:
+    from fedrisk.algorithms.frpg import frpg_lam
+
+    assert frpg_lam(3, 2.0) == 2.0  # "constant" by default
+    assert frpg_lam(3, 2.0, "geometric") == 2.0  # decay 1 by default
+    with pytest.raises(FedriskError, match=r"^FRPG slots are numbered from 1; got k = 0$"):
+        frpg_schedule(0, 0.1, 0.1, 1.0, 1.0)
+
+
 def test_robust_sgd_buckets_with_the_rounds_generator() -> None:
     """``w_0 ← w_0 − η_k median(bucket means)``, the buckets drawn from the generator the round
     hands to ``aggregate`` (the aggregator's fixed fallback seed would bucket alike every round;
@@ -459,16 +504,18 @@ def test_robust_sgd_buckets_with_the_rounds_generator() -> None:
     assert not torch.equal(results[0], results[1])  # the buckets (and the step) depend on the generator
 
 
-@pytest.mark.parametrize("cls", [RSA, RobustSGD])
-def test_one_minibatch_per_round_in_the_configured_sampling(cls) -> None:
-    """RSA and RobustSGD draw one minibatch a round; ``shuffle`` draws distinct rows."""
+@pytest.mark.parametrize("cls", [RSA, RobustSGD, FRPG, LFRPG])
+def test_one_minibatch_per_slot_in_the_configured_sampling(cls) -> None:
+    """RSA, RobustSGD and FRPG draw one minibatch a round, LFRPG one per slot (T = 2 here);
+    ``shuffle`` draws distinct rows within an epoch."""
     ctx = RoundContext(0, FedInfo(2, (5, 5), CLASSES))
+    slots = {"local_slots_per_round": 2} if cls is LFRPG else {}
     for sampling in ("shuffle", "with_replacement"):
-        alg = cls(model=model(), loss=cross_entropy, batch_size=5, sampling=sampling)
+        alg = cls(model=model(), loss=cross_entropy, batch_size=5, sampling=sampling, **slots)
         batches = alg.draw(ctx, 0, 5, client_generator(0, round=0, client=0))["batches"]
-        assert batches.shape == (1, 5)
+        assert batches.shape == (2 if slots else 1, 5)
         if sampling == "shuffle":
-            assert sorted(batches[0].tolist()) == [0, 1, 2, 3, 4]
+            assert all(sorted(b.tolist()) == [0, 1, 2, 3, 4] for b in batches)
     repeated = [
         len(
             set(
