@@ -385,6 +385,7 @@ def test_the_boundary_values_are_allowed() -> None:
     assert RSA(model=model(), loss=cross_entropy, delta_server=0.0).delta_server == 0.0
     assert frpg(batch_size=1, pre="nnm", pre_f=0, lam_schedule="geometric", lam_decay=1.0).batch_size == 1
     assert frpg(pre="bucketing", bucket_size=1).bucket_size == 1
+    assert frpg(pre="arc", pre_f=1).pre_f == frpg(pre="nnm", pre_f=1).pre_f == 1
     assert LFRPG(model=model(), loss=cross_entropy, local_slots_per_round=1).slots_per_round == 1
 
 
@@ -479,6 +480,8 @@ def test_lambda_schedule_defaults_and_the_slot_numbering() -> None:
 
     assert frpg_lam(3, 2.0) == 2.0  # "constant" by default
     assert frpg_lam(3, 2.0, "geometric") == 2.0  # decay 1 by default
+    with pytest.raises(FedriskError, match=r"^unknown lam_schedule 'sqrtt'. Did you mean 'sqrt'\? Valid choices: "):
+        frpg_lam(1, 1.0, "sqrtt")
     with pytest.raises(FedriskError, match=r"^FRPG slots are numbered from 1; got k = 0$"):
         frpg_schedule(0, 0.1, 0.1, 1.0, 1.0)
 
