@@ -475,6 +475,15 @@ def test_the_pre_aggregation_f_bound_is_checked_against_the_workers() -> None:
         frpg(pre="arc", pre_f=2).check_data(FedInfo(4, (1,) * 4, CLASSES), data[:4])
 
 
+@pytest.mark.parametrize("cls", [FRPG, RSA, RobustSGD])
+def test_zero_init_off_starts_from_the_models_init(cls) -> None:
+    alg = cls(model=model(), loss=cross_entropy)
+    assert all(float(p.abs().sum()) == 0 for p in alg.init_params(torch.Generator().manual_seed(0)).values())
+    own = dataclasses.replace(alg, zero_init=False).init_params(torch.Generator().manual_seed(0))
+    want = model().init_params(torch.Generator().manual_seed(0))
+    assert all(torch.equal(own[k], want[k]) for k in want) and any(float(p.abs().sum()) > 0 for p in own.values())
+
+
 def test_lambda_schedule_defaults_and_the_slot_numbering() -> None:
     from fedrisk.algorithms.frpg import frpg_lam
 
