@@ -602,3 +602,38 @@ def test_fedxl_reports_its_training_loss_as_loss() -> None:
     sim.step()
     report = sim.step()
     assert set(report.train_metrics) == {"loss"} and report.train_metrics["loss"] > 0
+
+
+def test_fedxl_single_class_warnings_word_for_word() -> None:
+    """Each single-class client is named with the term it loses: G1 without positives, G2
+    without negatives (pinned by mutation testing, fedxl scope: pairwise.py)."""
+    fed, _ = label_skew()
+    with pytest.warns(SingleClassClientWarning) as seen:
+        Simulation(FeDXL1(model=linear()), fed, seed=0, dtype=F64)
+    messages = [str(w.message) for w in seen]
+    tail = (
+        "It still trains on the cross-client pairs of its other class; its {} term is 0 and the server drops its {} "
+        "score uploads"
+    )
+    assert messages[0] == "fedxl1: client 0 has no positive examples (40 samples). " + tail.format(
+        "G1 (its active positives)", "positive"
+    )
+    assert messages[1] == "fedxl1: client 1 has no negative examples (40 samples). " + tail.format(
+        "G2 (its active negatives)", "negative"
+    )
+
+
+def test_step_decay_counts_training_rounds_not_the_bootstrap() -> None:
+    """``η · lr_decay^(t // decay_rounds)`` at training round t: FeDXL's round 0 bootstraps, so
+    its round r trains t = r − 1; Local Pair trains from round 0."""
+    fedxl = FeDXL1(model=linear(), lr=0.4, lr_decay=0.5, decay_rounds=2)
+    assert [fedxl.round_lr(r) for r in range(6)] == [0.4, 0.4, 0.4, 0.2, 0.2, 0.1]
+    pair = LocalPair(model=linear(), lr=0.4, lr_decay=0.5, decay_rounds=2)
+    assert [pair.round_lr(r) for r in range(5)] == [0.4, 0.4, 0.2, 0.2, 0.1]
+    assert FeDXL2(model=linear(), lr=0.4).round_lr(7) == 0.4  # no decay_rounds: constant
+
+
+def test_the_global_model_is_the_averaged_params() -> None:
+    sim = Simulation(FeDXL2(model=linear(), local_steps=2, batch_pos=2, batch_neg=2), small_fed(), seed=0, dtype=F64)
+    sim.step(), sim.step()
+    assert sim.algorithm.global_params(sim.server_state) is sim.server_state["params"]
