@@ -173,6 +173,17 @@ def test_server_averages_the_two_way_v() -> None:
     assert float(sim.server_state["v"]) == pytest.approx(float(vs.mean()), abs=1e-14)
 
 
+def test_two_way_v_starts_at_u_init_to_the_power_lam_over_lam_pos_in_the_runs_dtype() -> None:
+    """``v^0 = (u^0)^(λ/λ')`` with u^0 = 2, λ = 0.5, λ' = 0.25: 4, in float64 like the model
+    (pinned by mutation testing, fedxl scope: pairwise.py's init_server)."""
+    alg = FeDXL2(
+        model=linear(), xrisk="tpauc", u_init=2.0, lam=0.5, lam_pos=0.25, local_steps=2, batch_pos=2, batch_neg=2
+    )
+    sim = Simulation(alg, fed_of(num_clients=2), seed=0, dtype=F64)
+    assert sim.server_state["v"].dtype == F64 and float(sim.server_state["v"]) == 2.0 ** (0.5 / 0.25)
+    assert [sim.step().kind for _ in range(3)] == ["bootstrap", "train", "train"]  # FeDXL's round 0 bootstraps
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_local_pair_and_centralised_run_each_objective(kind: str) -> None:
     fed = fed_of(num_clients=3)
