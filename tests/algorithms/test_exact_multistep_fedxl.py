@@ -6,7 +6,8 @@ local steps, ``λ, γ, β ∉ {1}``, against a plain loop written from the algor
 the loop takes the passive ``h̃2`` (negatives) and ``(h̃1, ũ)`` (positives with *their* stored u)
 from the previous round's merged pools, updates ``u(z1)`` *before* the gradient (eq. (11)), so
 G1 is weighted by ``λ / u_new``, while G2 is weighted by the passive ``λ / ũ``; then
-``G ← (1 − β) G + β (G1 + G2)``, ``w ← w − η G``; the client uploads its scores and the *updated*
+``G ← (1 − β) G + β (G1 + G2)``, ``w ← w − η_t G`` (``η_t = η · 0.5^t`` at training round t);
+the client uploads its scores and the *updated*
 ``u`` of its positives, and the server averages ``w, G`` and concatenates the pools in client
 order.  The random numbers are the algorithm's own draws (``alg.draw`` with the simulation's
 generators); the shuffle, the row choice and the arithmetic are the loop's.
@@ -28,6 +29,7 @@ from fedrisk.runtime.simulation import Simulation
 F64 = torch.float64
 D, SEED = 3, 5
 K, B1, B2, LR, LAM, GAMMA, BETA, U0 = 2, 2, 3, 0.5, 0.7, 0.3, 0.4, 1.3
+DECAY = 0.5  # the step ×0.5 every training round (decay_rounds = 1; the bootstrap round does not count)
 
 
 def federation() -> Federation:
@@ -51,7 +53,7 @@ def test_fedxl2_pauc_two_rounds_match_alg_2() -> None:
     info = FedInfo(len(fed.clients), tuple(fed.client_sizes), 2, counts)
     alg = FeDXL2(
         model=FunctionalModel(build_model("logreg", (D,), 1)), xrisk="pauc", lam=LAM, gamma=GAMMA, beta=BETA,
-        lr=LR, local_steps=K, batch_pos=B1, batch_neg=B2, u_init=U0,
+        lr=LR, local_steps=K, batch_pos=B1, batch_neg=B2, u_init=U0, lr_decay=DECAY, decay_rounds=1,
     )  # fmt: skip
     sim = Simulation(alg, fed, seed=SEED, dtype=F64)
     w = sim.server_state["params"]["linear.weight"][0].clone()
@@ -109,7 +111,8 @@ def test_fedxl2_pauc_two_rounds_match_alg_2() -> None:
                 for i, row in enumerate(rp):
                     u[k][row] = u_new[i]
                 Gwk, Gbk = (1 - BETA) * Gwk + BETA * gw, (1 - BETA) * Gbk + BETA * gb
-                wk, bk = wk - LR * Gwk, bk - LR * Gbk
+                lr = LR * DECAY ** (r - 1)  # training round t = r − 1
+                wk, bk = wk - lr * Gwk, bk - lr * Gbk
                 h1 += list(a.detach())
                 h2 += list(b.detach())
                 U += list(u_new)

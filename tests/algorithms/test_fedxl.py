@@ -637,3 +637,47 @@ def test_the_global_model_is_the_averaged_params() -> None:
     sim = Simulation(FeDXL2(model=linear(), local_steps=2, batch_pos=2, batch_neg=2), small_fed(), seed=0, dtype=F64)
     sim.step(), sim.step()
     assert sim.algorithm.global_params(sim.server_state) is sim.server_state["params"]
+
+
+def test_set_up_checks_of_the_federation_word_for_word() -> None:
+    """What ``check`` refuses and what it only warns about (pinned by mutation testing, fedxl
+    scope: pairwise.py): a single negative in the whole federation, a one-example client and
+    single-class clients after a two-class one are allowed; an empty client, a federation without
+    negatives and one without integer labels are refused with their own message."""
+    alg = FeDXL1(model=linear())
+
+    def fed(*counts: tuple[int, int]) -> FedInfo:
+        return FedInfo(len(counts), tuple(p + n for n, p in counts), 2, tuple(counts))  # counts: (negatives, positives)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        alg.check(fed((1, 3), (1, 4)))  # one negative per client is enough
+    with pytest.warns(SingleClassClientWarning) as seen:
+        alg.check(fed((2, 2), (0, 1), (3, 0)))  # a two-class client first, then a one-example positive client
+    assert [str(w.message).split(" examples")[0] for w in seen] == [
+        "fedxl1: client 1 has no negative",
+        "fedxl1: client 2 has no positive",
+    ]
+    with pytest.raises(FedriskError, match=r"^fedxl1: client 1 has no training samples; every client needs data$"):
+        alg.check(fed((2, 2), (0, 0)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SingleClassClientWarning)
+        with pytest.raises(
+            FedriskError, match=r"^fedxl1: the federation has no negative training examples; the X-risk is undefined$"
+        ):
+            alg.check(fed((0, 2), (0, 3)))
+        alg.check(fed((1, 2), (0, 3)))  # a single negative in the whole federation
+    with pytest.raises(
+        FedriskError, match=r"^fedxl1: needs integer class labels \(0/1\) to tell positives from negatives$"
+    ):
+        alg.check(FedInfo(2, (3, 3), 2))
+
+
+def test_the_u_table_has_a_row_per_positive_of_the_largest_client() -> None:
+    """u^0 holds one row per positive of the client with the most positives (one at least), at u_init."""
+    for positives, rows in (((1, 1, 0), 1), ((2, 3, 1), 3)):
+        clients = [(4, p) for p in positives]
+        info_ = FedInfo(3, tuple(n + p for n, p in clients), 2, tuple(clients))
+        ctx = RoundContext(0, info_)
+        u = FeDXL2(model=linear(), u_init=1.5).init_client(ctx, 0, {"w": torch.zeros(1, dtype=F64)})["u"]
+        assert u.shape == (rows,) and u.dtype == F64 and bool((u == 1.5).all())
