@@ -7,10 +7,10 @@ the loop takes the passive ``h̃2`` (negatives) and ``(h̃1, ũ)`` (positives wi
 from the previous round's merged pools, updates ``u(z1)`` *before* the gradient (eq. (11)), so
 G1 is weighted by ``λ / u_new``, while G2 is weighted by the passive ``λ / ũ``; then
 ``G ← (1 − β) G + β (G1 + G2)``, ``w ← w − η_t G`` (``η_t = η · 0.5^t`` at training round t);
-the client uploads its scores and the *updated*
-``u`` of its positives, and the server averages ``w, G`` and concatenates the pools in client
-order.  The random numbers are the algorithm's own draws (``alg.draw`` with the simulation's
-generators); the shuffle, the row choice and the arithmetic are the loop's.
+the client uploads its scores and the *updated* ``u`` of its positives, and the server averages
+``w, G`` and concatenates the pools in client order.  The random numbers are the algorithm's own
+draws (``alg.draw`` with the simulation's generators); the shuffle, the row choice and the
+arithmetic are the loop's.
 """
 
 from __future__ import annotations
