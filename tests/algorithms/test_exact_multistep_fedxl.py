@@ -1,8 +1,8 @@
 """Exact multi-round check of FeDXL2 on the KL-DRO pAUC objective (issue 29 item 2).
 
-Guo et al. 2023, Alg. 2 with ``f = λ log`` and ``ℓ_in = exp(L/λ)`` (eq. (17)), squared hinge ``L``:
-the bootstrap round and two training rounds of three clients with unequal class counts, K = 2
-local steps, ``λ, γ, β ∉ {1}``, against a plain loop written from the algorithm box.  Per step
+Guo et al. 2023, Alg. 2 with ``f = λ log`` and ``ℓ_in = exp(L/λ)`` (eq. (17)), squared hinge ``L``
+(margin 0.8): the bootstrap round and two training rounds of three clients with unequal class
+counts, K = 2 local steps, ``λ, γ, β ∉ {1}``, against a plain loop written from the algorithm box.  Per step
 the loop takes the passive ``h̃2`` (negatives) and ``(h̃1, ũ)`` (positives with *their* stored u)
 from the previous round's merged pools, updates ``u(z1)`` *before* the gradient (eq. (11)), so
 G1 is weighted by ``λ / u_new``, while G2 is weighted by the passive ``λ / ũ``; then
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from fedrisk.algorithms.base import FedInfo, RoundContext
@@ -29,6 +30,7 @@ from fedrisk.runtime.simulation import Simulation
 F64 = torch.float64
 D, SEED = 3, 5
 K, B1, B2, LR, LAM, GAMMA, BETA, U0 = 2, 2, 3, 0.5, 0.7, 0.3, 0.4, 1.3
+MARGIN = 0.8  # the squared hinge's margin m (not the default 1)
 DECAY = 0.5  # the step ×0.5 every training round (decay_rounds = 1; the bootstrap round does not count)
 
 
@@ -44,7 +46,7 @@ def federation() -> Federation:
 
 
 def hinge(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.clamp(1.0 - (a - b), min=0.0) ** 2
+    return torch.clamp(MARGIN - (a - b), min=0.0) ** 2
 
 
 def test_fedxl2_pauc_two_rounds_match_alg_2() -> None:
@@ -54,6 +56,7 @@ def test_fedxl2_pauc_two_rounds_match_alg_2() -> None:
     alg = FeDXL2(
         model=FunctionalModel(build_model("logreg", (D,), 1)), xrisk="pauc", lam=LAM, gamma=GAMMA, beta=BETA,
         lr=LR, local_steps=K, batch_pos=B1, batch_neg=B2, u_init=U0, lr_decay=DECAY, decay_rounds=1,
+        margin=MARGIN,
     )  # fmt: skip
     sim = Simulation(alg, fed, seed=SEED, dtype=F64)
     w = sim.server_state["params"]["linear.weight"][0].clone()
@@ -87,8 +90,8 @@ def test_fedxl2_pauc_two_rounds_match_alg_2() -> None:
     torch.testing.assert_close(sim.server_state["pool_u"], pool_u, rtol=0, atol=0)
 
     for r in (1, 2):
-        sim.step()
-        ws, bs, Gws, Gbs, h1, h2, U = [], [], [], [], [], [], []
+        report = sim.step()
+        ws, bs, Gws, Gbs, h1, h2, U, losses = [], [], [], [], [], [], [], []
         for k, c in enumerate(fed.clients):
             d = draws(r, k)
             # the buffers: the merged pools shuffled (h̃1 and ũ with the same permutation), taken in order
@@ -105,6 +108,7 @@ def test_fedxl2_pauc_two_rounds_match_alg_2() -> None:
                 b = score(c.x[neg[k][rn]], wv, bv)
                 inner_a = torch.exp(hinge(a[:, None], h2_t[None, :]) / LAM)  # [B1, B2]
                 u_new = (1 - GAMMA) * u[k][rp] + GAMMA * inner_a.detach().mean(1)  # eq. (11), before G1
+                losses.append(float((LAM * torch.log(inner_a.detach().mean(1))).mean()) / (K * len(fed.clients)))
                 g1 = (LAM / u_new * inner_a.mean(1)).mean()
                 g2 = (LAM / u_t[:, None] * torch.exp(hinge(h1_t[:, None], b[None, :]) / LAM)).mean()
                 gw, gb = torch.autograd.grad(g1 + g2, (wv, bv))
@@ -132,4 +136,5 @@ def test_fedxl2_pauc_two_rounds_match_alg_2() -> None:
         torch.testing.assert_close(state["pool_pos"], pool_pos, rtol=0, atol=1e-13)
         torch.testing.assert_close(state["pool_neg"], pool_neg, rtol=0, atol=1e-13)
         torch.testing.assert_close(state["pool_u"], pool_u, rtol=0, atol=1e-13)
+        assert report.train_metrics["loss"] == pytest.approx(sum(losses), rel=1e-12)  # f(ĝ) = λ log ĝ, averaged
     assert float((pool_u - U0).abs().min()) > 1e-4  # every uploaded u moved away from u0
