@@ -282,6 +282,7 @@ def test_u_tracks_the_inner_mean_and_stays_at_least_one() -> None:
         (FeDXL1, {"upload": 10_000}, "upload = 10000 exceeds"),
         (FeDXL2, {"u_init": 0.0}, "u_init = 0.0 is out of range"),
         (FeDXL1, {"local_steps": 0}, "local_steps = 0 is out of range"),
+        (FeDXL1, {"lr": 0.0}, r"lr = 0.0 is out of range; allowed: \(0.0, inf\)"),
     ],
 )
 def test_bad_hyper_parameters_are_named(cls: type, kwargs: dict, needle: str) -> None:
@@ -681,3 +682,29 @@ def test_the_u_table_has_a_row_per_positive_of_the_largest_client() -> None:
         ctx = RoundContext(0, info_)
         u = FeDXL2(model=linear(), u_init=1.5).init_client(ctx, 0, {"w": torch.zeros(1, dtype=F64)})["u"]
         assert u.shape == (rows,) and u.dtype == F64 and bool((u == 1.5).all())
+
+
+def test_scores_through_the_sigmoid_or_raw_and_a_multi_output_model_named() -> None:
+    """``score = "sigmoid"`` (default) squashes the model's output, ``"identity"`` keeps it; a
+    scorer with several outputs is refused naming the algorithm (pinned by mutation testing,
+    fedxl scope: pairwise.py)."""
+    x = torch.tensor([[1.0, -2.0, 0.5], [0.0, 0.3, -1.0]], dtype=F64)
+    params = {
+        "linear.weight": torch.tensor([[0.5, 0.25, -1.0]], dtype=F64),
+        "linear.bias": torch.tensor([0.2], dtype=F64),
+    }
+    raw = [0.5 * 1.0 + 0.25 * -2.0 + -1.0 * 0.5 + 0.2, 0.25 * 0.3 + 1.0 + 0.2]
+    assert FeDXL1(model=linear(), score="identity").predict(params, x).tolist() == pytest.approx(raw, abs=1e-15)
+    assert FeDXL1(model=linear()).predict(params, x).tolist() == pytest.approx([1 / (1 + math.exp(-v)) for v in raw])
+    two = FunctionalModel(build_model("logreg", (D,), 2))
+    with pytest.raises(FedriskError, match=r"^fedxl1: the objective needs a one-output scorer; the model returns 2 "):
+        FeDXL1(model=two).scores(two.init_params(torch.Generator().manual_seed(0)), x.float())
+
+
+def test_active_rows_reach_the_last_positive_of_a_positives_only_client() -> None:
+    """Ranks ``floor(u · n_pos)`` index the client's positives in row order, up to the last row."""
+    data = LocalData(torch.zeros(3, D, dtype=F64), torch.tensor([1, 1, 1]), torch.tensor(3))
+    draws = {"pos": torch.tensor([[0.99, 0.0, 0.5]], dtype=F64), "neg": torch.tensor([[0.3]], dtype=F64)}
+    rows_pos, _, has_pos, has_neg, rank = FeDXL1(model=linear()).active_rows(data, draws)
+    assert rows_pos.tolist() == [[2, 0, 1]] and rank.tolist() == [[2, 0, 1]]
+    assert (float(has_pos), float(has_neg)) == (1.0, 0.0)

@@ -248,7 +248,7 @@ def test_a_single_class_client_ignores_the_pool_it_has_no_partner_for(kind: str)
     does; a client without positives never reads the negative pool (pinned by mutation testing, fedxl scope: the class
     weights handed to the compositional step)."""
     g = torch.Generator().manual_seed(1)
-    labels = ([1, 0, 1, 0, 0], [1, 1, 1], [0, 0, 0, 0])  # both classes, positives only, negatives only
+    labels = ([1, 0, 1, 0, 0], [1, 1, 1], [0, 0, 0, 0], [1, 0, 1])  # both, positives only, negatives only, one negative
     fed = Federation(
         "one-class", [Samples(torch.randn(len(y), D, generator=g, dtype=F64), torch.tensor(y)) for y in labels], 2
     )
@@ -276,3 +276,4 @@ def test_a_single_class_client_ignores_the_pool_it_has_no_partner_for(kind: str)
     assert not torch.equal(update(1, moved_neg), positives_only)
     assert torch.equal(update(2, moved_neg), negatives_only) and not torch.equal(update(2, moved_pos), negatives_only)
     assert not torch.equal(update(0, moved_pos), update(0, base))  # a two-class client reads both pools
+    assert not torch.equal(update(3, moved_pos), update(3, base))  # ... even with a single negative
