@@ -739,3 +739,22 @@ def test_the_pairwise_boundary_values_are_allowed() -> None:
     )
     assert (alg.local_steps, alg.lr_decay, alg.decay_rounds) == (1, 1.0, 1)
     assert FeDXL1(model=None, score="identity").score == "identity"
+
+
+def test_class_order_keeps_row_order_within_each_class() -> None:
+    """Positives in row order, then negatives in row order, then padding: a positive's u row is its
+    rank in row order on every executor (pinned by mutation testing, fedxl scope: torch's CPU
+    argsort is not stable on ties beyond 16 rows, so ``stable=True`` matters)."""
+    from fedrisk.algorithms.pairwise import class_order
+
+    y = torch.randint(0, 2, (40,), generator=torch.Generator().manual_seed(0))
+    order, n_pos, n_neg = class_order(LocalData(torch.zeros(40, 1), y, torch.tensor(37)))  # 3 padding rows
+    real = y[:37]
+    assert order.tolist() == [
+        *torch.nonzero(real == 1).flatten().tolist(),
+        *torch.nonzero(real != 1).flatten().tolist(),
+        37,
+        38,
+        39,
+    ]
+    assert (int(n_pos), int(n_neg)) == (int(real.sum()), 37 - int(real.sum()))
