@@ -108,13 +108,64 @@ FAMILIES: dict[str, dict[str, Any]] = {
                       "lipschitz": 24.1, "batch_size": 10},
         "attack": {"name": "gaussian", "byzantine": [5]},
     },
-    "perm": {
-        "data": {"dataset": "perm_synthetic", "partition": "by_attribute", "num_clients": 6,
+    "perm": {  # 3 clients: epoch = estimate + 3 shuffle rounds; round 4 estimates the weights (eq. (2))
+        "data": {"dataset": "perm_synthetic", "partition": "by_attribute", "num_clients": 3,
                  "client_test_fraction": 0.2,
-                 "dataset_options": {"num_clients": 6, "samples_per_client": 60, "dim": 10, "test_per_client": 10}},
+                 "dataset_options": {"num_clients": 3, "samples_per_client": 60, "dim": 10, "test_per_client": 10}},
         "model": {"name": "logreg", "bias": False},
         "algorithm": {"name": "perm", "lr": 0.5, "local_steps": 3, "batch_size": 16, "lam": 10.0,
                       "global_lr": 0.5, "global_batch": 16},
+        "run": {"rounds": 6},
+    },
+    "perm_two_stage": {
+        "data": {"dataset": "perm_synthetic", "partition": "by_attribute", "num_clients": 3,
+                 "client_test_fraction": 0.2,
+                 "dataset_options": {"num_clients": 3, "samples_per_client": 60, "dim": 10, "test_per_client": 10}},
+        "model": {"name": "logreg", "bias": False},
+        "algorithm": {"name": "perm_two_stage", "lr": 0.5, "local_steps": 3, "batch_size": 16, "lam": 10.0,
+                      "fedavg_rounds": 1},
+    },
+    "local_sgda_plus": {
+        "data": {"dataset": "fair_groups_toy", "partition": "iid", "num_clients": 5,
+                 "dataset_options": {"largest": 200, "test_per_group": 40}},
+        "model": {"name": "logreg"},
+        "algorithm": {"name": "local_sgda_plus", "game": "fair_group", "group_attr": "group", "dual_dim": 5,
+                      "lr": 0.1, "local_steps": 3, "batch_size": 20},
+        "run": {"metrics": ["accuracy"]},
+    },
+    "robust_sgd_krum": {
+        "data": {"dataset": "mog_2d", "partition": "iid", "num_clients": 6,
+                 "dataset_options": {"num_samples": 600, "test_samples": 120, "std": 0.3}},
+        "model": {"name": "logreg"},
+        "algorithm": {"name": "robust_sgd", "lr": 0.5, "batch_size": 10, "aggregator": {"name": "krum", "f": 1}},
+        "attack": {"name": "alie", "byzantine": [5]},
+    },
+    "scaffold": {
+        "data": {"dataset": "mog_2d", "partition": "iid", "num_clients": 6,
+                 "dataset_options": {"num_samples": 600, "test_samples": 120, "std": 0.3}},
+        "model": {"name": "mlp", "hidden": [16]},
+        "algorithm": {"name": "scaffold", "lr": 0.1, "local_steps": 3, "batch_size": 16},
+    },
+    "ifca": {
+        "data": {"dataset": "perm_synthetic", "partition": "by_attribute", "num_clients": 4,
+                 "client_test_fraction": 0.2,
+                 "dataset_options": {"num_clients": 4, "samples_per_client": 60, "dim": 10, "test_per_client": 10}},
+        "model": {"name": "logreg"},
+        "algorithm": {"name": "ifca", "lr": 0.5, "local_steps": 3, "batch_size": 16},
+    },
+    "apple": {
+        "data": {"dataset": "perm_synthetic", "partition": "by_attribute", "num_clients": 4,
+                 "client_test_fraction": 0.2,
+                 "dataset_options": {"num_clients": 4, "samples_per_client": 60, "dim": 10, "test_per_client": 10}},
+        "model": {"name": "logreg"},
+        "algorithm": {"name": "apple", "lr": 0.5, "local_steps": 3, "batch_size": 16},
+    },
+    "fedfomo": {
+        "data": {"dataset": "perm_synthetic", "partition": "by_attribute", "num_clients": 4,
+                 "client_test_fraction": 0.2, "client_validation_fraction": 0.2,
+                 "dataset_options": {"num_clients": 4, "samples_per_client": 60, "dim": 10, "test_per_client": 10}},
+        "model": {"name": "logreg"},
+        "algorithm": {"name": "fedfomo", "lr": 0.5, "local_steps": 3, "batch_size": 16},
     },
     "fedxl2": {
         "data": {"dataset": "multi_org_auc", "partition": "by_attribute", "num_clients": 5,
@@ -201,9 +252,10 @@ def compare(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str,
 def run_family(family: str, device: str, executor: str, dtype: str, rounds: int) -> dict[str, Any]:
     from fedrisk.experiment.runner import build_simulation
 
-    sim = build_simulation(config(family, device, executor, dtype, rounds)).simulation
+    cfg = config(family, device, executor, dtype, rounds)
+    sim = build_simulation(cfg).simulation
     times = []
-    for _ in range(rounds):
+    for _ in range(cfg["run.rounds"]):
         sync(device)
         start = time.perf_counter()
         sim.step()
@@ -248,90 +300,103 @@ class Checks:
         print(f"{'PASS' if ok else 'FAIL'} {name} ({info['seconds']:.1f} s) {detail}", flush=True)
         if error:
             print(error, flush=True)
+        for where, tb in info.get("errors", {}).items():
+            print(f"--- {name}: {where} raised:\n{tb}", flush=True)
 
 
 def family_check(family: str, device: str, dtype: str, rounds: int, tol: float) -> dict[str, Any]:
+    """Sequential and vectorised, on the CPU first (an algorithm the vectorised executor refuses
+    there is skipped), then on ``device``; a run that raises is recorded and fails the check
+    without stopping the other runs."""
     runs: dict[tuple[str, str], dict[str, Any]] = {}
     skipped: dict[str, str] = {}
+    errors: dict[str, str] = {}
+    other = "cpu-again" if device == "cpu" else "cpu"
     for executor in ("sequential", "vectorized"):
-        for dev in (device, "cpu") if device != "cpu" else ("cpu", "cpu-again"):
+        for dev in (other, device):
             try:
                 runs[(dev, executor)] = run_family(
                     family, "cpu" if dev == "cpu-again" else dev, executor, dtype, rounds
                 )
-            except Exception as exc:  # the vectorised executor may refuse an algorithm (on the CPU too)
-                if executor == "vectorized" and "vectoriz" in str(exc) and dev == "cpu":
-                    skipped[executor] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                    runs.pop((device, executor), None)
+            except Exception as exc:
+                if dev == other and executor == "vectorized" and "vectoriz" in str(exc):  # refused on the CPU too
+                    skipped[executor] = f"{type(exc).__name__}: {str(exc)[:300]}"
                     break
-                raise
-    other = "cpu-again" if device == "cpu" else "cpu"
+                errors[f"{dev}/{executor}"] = traceback.format_exc()
     diffs = {}
     for executor in ("sequential", "vectorized"):
-        if (device, executor) in runs:
-            diffs[f"{device}_vs_cpu/{executor}"] = compare(
-                runs[(device, executor)]["state"], runs[(other, executor)]["state"]
-            )
-    if (device, "vectorized") in runs:
+        if (device, executor) in runs and (other, executor) in runs:
+            a, b = runs[(device, executor)]["state"], runs[(other, executor)]["state"]
+            diffs[f"{device}_vs_cpu/{executor}"] = compare(a, b)
+    if (device, "vectorized") in runs and (device, "sequential") in runs:
         diffs[f"vectorized_vs_sequential/{device}"] = compare(
             runs[(device, "vectorized")]["state"], runs[(device, "sequential")]["state"]
         )
-    ok = all(d["rel"] <= tol for d in diffs.values())
     where_wrong = [
         f"{e}: {r['server_devices']}"
         for (dev, e), r in runs.items()
         if dev == device and device != "cpu" and r["server_devices"] != [torch.device(device).type]
     ]
-    if where_wrong:
-        ok = False
+    ok = not errors and not where_wrong and bool(diffs) and all(d["rel"] <= tol for d in diffs.values())
     seconds = {f"{dev}/{e}": round(per_round(r["times"]), 5) for (dev, e), r in runs.items()}
-    worst = max(diffs.values(), key=lambda d: d["rel"]) if diffs else {"rel": 0.0, "where": ""}
+    worst = max(diffs.values(), key=lambda d: d["rel"]) if diffs else {"rel": math.nan, "where": "no comparison"}
     summary = (
         f"max rel diff {worst['rel']:.2e} (tol {tol:.0e}, at {worst['where']}); s/round "
         + ", ".join(f"{k} {v:.4f}" for k, v in seconds.items())
         + (f"; skipped {skipped}" if skipped else "")
         + (f"; server state not on the device: {where_wrong}" if where_wrong else "")
+        + (f"; runs that raised: {sorted(errors)}" if errors else "")
     )
-    return {"ok": ok, "diffs": diffs, "seconds_per_round": seconds, "skipped": skipped, "summary": summary}
+    out = {"ok": ok, "diffs": diffs, "seconds_per_round": seconds, "skipped": skipped, "summary": summary}
+    if errors:
+        out["errors"] = errors
+    return out
+
+
+RUNNER_FAMILIES = ("codasca", "perm")  # a global model with AUC metrics; personal models, alpha.csv
 
 
 def runner_check(device: str, rounds: int, tol: float) -> dict[str, Any]:
+    """``run_experiment`` (what ``fedrisk run`` calls) on the device and on the CPU, per family of
+    :data:`RUNNER_FAMILIES`: ``model.pt`` must hold CPU tensors and match; each run's checkpoint
+    resumes into a simulation on the other device, whose next round matches the CPU's."""
     from fedrisk.experiment.runner import build_simulation, load_checkpoint, run_experiment
 
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"diffs": {}, "model_pt_devices": {}, "final": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        dirs = {}
-        for dev in dict.fromkeys((device, "cpu")):
-            cfg = config("codasca", dev, "sequential", "float32", rounds)
-            cfg = cfg.with_overrides({"run.eval_every": 1, "output.plots": False})
-            dirs[dev] = Path(tmp) / dev
-            res = run_experiment(cfg, dirs[dev], progress="none")
-            out[f"final/{dev}"] = dict(res.summary.get("final", {}))
-        model = torch.load(dirs[device] / "model.pt", weights_only=True)  # no map_location: must be CPU tensors
-        model_devices = sorted({t.device.type for t in leaves(model).values()})
-        ref = leaves(torch.load(dirs["cpu"] / "model.pt", weights_only=True))
-        diffs = {"model.pt": compare(leaves(model), ref)}
-        # the device's checkpoint resumed on the CPU and the CPU's on the device
-        for src, dst in ((device, "cpu"), ("cpu", device)):
-            ckpt = load_checkpoint(dirs[src] / "checkpoint.pt")
-            sim = build_simulation(config("codasca", dst, "sequential", "float32", rounds)).simulation
-            sim.load_state_dict(ckpt["simulation"])
-            sim.step()
-            here = sorted({t.device.type for t in _tensors(sim.server_state)})
-            base = build_simulation(config("codasca", "cpu", "sequential", "float32", rounds)).simulation
-            base.load_state_dict(load_checkpoint(dirs["cpu"] / "checkpoint.pt")["simulation"])
-            base.step()
-            diffs[f"resume {src} checkpoint on {dst}"] = compare(final_state(sim), final_state(base))
-            out[f"devices after resume on {dst}"] = here
-    ok = model_devices == ["cpu"] and all(d["rel"] <= tol for d in diffs.values())
-    worst = max(diffs.values(), key=lambda d: d["rel"])
-    metric = {dev: out[f"final/{dev}"].get("test_auroc") for dev in dirs}
+        for family in RUNNER_FAMILIES:
+            dirs = {}
+            for dev in dict.fromkeys((device, "cpu")):
+                cfg = config(family, dev, "sequential", "float32", rounds)
+                cfg = cfg.with_overrides({"run.eval_every": 1, "output.plots": False})
+                dirs[dev] = Path(tmp) / family / dev
+                res = run_experiment(cfg, dirs[dev], progress="none")
+                out["final"][f"{family}/{dev}"] = dict(res.summary.get("final", {}))
+            model = torch.load(dirs[device] / "model.pt", weights_only=True)  # no map_location: CPU tensors?
+            out["model_pt_devices"][family] = sorted({t.device.type for t in leaves(model).values()})
+            ref = leaves(torch.load(dirs["cpu"] / "model.pt", weights_only=True))
+            out["diffs"][f"{family}/model.pt"] = compare(leaves(model), ref)
+            for src, dst in ((device, "cpu"), ("cpu", device)):
+                sim = build_simulation(config(family, dst, "sequential", "float32", rounds)).simulation
+                sim.load_state_dict(load_checkpoint(dirs[src] / "checkpoint.pt")["simulation"])
+                sim.step()
+                base = build_simulation(config(family, "cpu", "sequential", "float32", rounds)).simulation
+                base.load_state_dict(load_checkpoint(dirs["cpu"] / "checkpoint.pt")["simulation"])
+                base.step()
+                out["diffs"][f"{family}/resume {src} checkpoint on {dst}"] = compare(
+                    final_state(sim), final_state(base)
+                )
+    wrong = {f: d for f, d in out["model_pt_devices"].items() if d != ["cpu"]}
+    ok = not wrong and all(d["rel"] <= tol for d in out["diffs"].values())
+    worst = max(out["diffs"].values(), key=lambda d: d["rel"])
     out.update(
         ok=ok,
-        diffs=diffs,
-        model_pt_devices=model_devices,
-        summary=f"model.pt on {model_devices}; max rel diff {worst['rel']:.2e} (tol {tol:.0e}, at {worst['where']}); "
-        f"test auroc {metric}",
+        summary=f"model.pt devices {out['model_pt_devices']}; max rel diff {worst['rel']:.2e} (tol {tol:.0e}, at "
+        f"{worst['where']}); final metrics agree: "
+        + ", ".join(
+            f"{f} " + str({k: round(v, 4) for k, v in list(out["final"][f"{f}/{device}"].items())[:2]})
+            for f in RUNNER_FAMILIES
+        ),
     )
     return out
 
