@@ -40,7 +40,7 @@ def main() -> None:
         cfg = config(family, args.device, "distributed", "float32", args.rounds)
         sim = build_simulation(cfg, executor=executor).simulation
         times = []
-        for _ in range(args.rounds):
+        for _ in range(cfg["run.rounds"]):  # a family may fix its own number of rounds
             sync(args.device)
             start = time.perf_counter()
             sim.step()

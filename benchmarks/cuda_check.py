@@ -353,7 +353,11 @@ def family_check(family: str, device: str, dtype: str, rounds: int, tol: float) 
     return out
 
 
-RUNNER_FAMILIES = ("codasca", "perm")  # a global model with AUC metrics; personal models, alpha.csv
+RUNNER_FAMILIES = {  # a global model with AUC metrics; personal models and alpha.csv; client states on disk
+    "codasca": {},
+    "perm": {},
+    "scaffold": {"run.client_states": "disk"},
+}
 
 
 def runner_check(device: str, rounds: int, tol: float) -> dict[str, Any]:
@@ -364,11 +368,11 @@ def runner_check(device: str, rounds: int, tol: float) -> dict[str, Any]:
 
     out: dict[str, Any] = {"diffs": {}, "model_pt_devices": {}, "final": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for family in RUNNER_FAMILIES:
+        for family, overrides in RUNNER_FAMILIES.items():
             dirs = {}
             for dev in dict.fromkeys((device, "cpu")):
                 cfg = config(family, dev, "sequential", "float32", rounds)
-                cfg = cfg.with_overrides({"run.eval_every": 1, "output.plots": False})
+                cfg = cfg.with_overrides({"run.eval_every": 1, "output.plots": False, **overrides})
                 dirs[dev] = Path(tmp) / family / dev
                 res = run_experiment(cfg, dirs[dev], progress="none")
                 out["final"][f"{family}/{dev}"] = dict(res.summary.get("final", {}))
@@ -376,7 +380,7 @@ def runner_check(device: str, rounds: int, tol: float) -> dict[str, Any]:
             out["model_pt_devices"][family] = sorted({t.device.type for t in leaves(model).values()})
             ref = leaves(torch.load(dirs["cpu"] / "model.pt", weights_only=True))
             out["diffs"][f"{family}/model.pt"] = compare(leaves(model), ref)
-            for src, dst in ((device, "cpu"), ("cpu", device)):
+            for src, dst in ((device, "cpu"), ("cpu", device)) if not overrides else ():  # disk states: the run dir's
                 sim = build_simulation(config(family, dst, "sequential", "float32", rounds)).simulation
                 sim.load_state_dict(load_checkpoint(dirs[src] / "checkpoint.pt")["simulation"])
                 sim.step()
