@@ -5,15 +5,18 @@ Checks (``--device`` defaults to ``cuda``; ``--device cpu`` compares the CPU wit
 smoke test of the script):
 
 1. ``family/<name>``: one small config per family (CODASCA, CODA+, FESS-GDA on a fair game and
-   on a 1-D WGAN, Local SGDA, FRPG under a Gaussian attack, PERM, FeDXL2, FeDXL2-NDCG, FedAvg),
-   on the synthetic data that ships with fedrisk, built through the experiment layer with
+   on a 1-D WGAN, Local SGDA and SGDA+, FRPG under a Gaussian attack, robust SGD with Krum under
+   ALIE, PERM through its weight estimation, two-stage PERM, IFCA, APPLE, FedFomo, FeDXL2,
+   FeDXL2-NDCG, FedAvg, SCAFFOLD; see :data:`FAMILIES`), on the synthetic data that ships with
+   fedrisk, built through the experiment layer with
    ``run.device``; ``--rounds`` rounds with the sequential and the vectorised executor on the
    device and on the CPU, in float32 and float64.  The final server and client states are
    compared: device vs CPU per executor, vectorised vs sequential on the device (relative
    difference ``max |a - b| / max(1, max |b|)`` per tensor; float32: ``--tol32``, float64:
    ``--tol64``).  Wall seconds per round (median after the first) for each.
 2. ``runner``: ``fedrisk run``'s code path (``run_experiment``) with ``run.device`` on the
-   device (evaluation, checkpoint, ``model.pt``), its result against the same run on the CPU;
+   device (evaluation, checkpoint, ``model.pt``; CODASCA, PERM with its personal models and
+   weights, SCAFFOLD with client states on disk), its result against the same run on the CPU;
    ``model.pt`` must hold CPU tensors; the device checkpoint resumes into a CPU simulation and
    the CPU checkpoint into a device simulation.
 3. ``resnet18``: ``benchmarks/resnet18_round.py`` on the device: sequential vs vectorised vs the
@@ -24,8 +27,9 @@ smoke test of the script):
 
 TF32 is switched off (``torch.backends.cuda.matmul.allow_tf32`` and cuDNN's), so float32 matmuls
 are true float32.  Every check runs whatever happened before (a failure prints its traceback);
-the exit status is 1 if any failed.  Needs no network and no dataset; the third-party modules
-fedrisk imported are listed at the end.  On one H200 the whole script takes about two minutes::
+the exit status is 1 if any failed.  Needs no network and no dataset, only fedrisk's own
+dependencies (torch, numpy, pydantic, tomli-w, tqdm); the third-party modules fedrisk imported
+are listed at the end.  Expected to take two to three minutes on one GPU::
 
     PYTHONPATH=src python benchmarks/cuda_check.py --out cuda_check.json
     PYTHONPATH=src python benchmarks/cuda_check.py --device cpu --rounds 2 --resnet-rounds 1 --out /tmp/c.json
