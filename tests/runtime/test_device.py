@@ -141,3 +141,37 @@ def test_functional_model_copies_its_constant_buffers_to_the_input_device():
     assert fm._buffers_on(torch.device("cpu")) is fm._buffers
     out = fm.apply({k: v.to(META) for k, v in fm.init_params(0).items()}, torch.zeros(4, 2, device=META))
     assert out.device == META and out.shape == (4, 2)
+
+
+def test_run_federation_passes_the_device_on(monkeypatch):
+    from fedrisk.api import run_federation
+
+    alg, fed = toy()
+    seen = []
+    original = Simulation.__init__
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs.get("device"))
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Simulation, "__init__", spy)
+    run_federation(fed, alg, rounds=1, progress=False, metrics=[], splits=[], device="cpu")
+    assert seen == ["cpu"]
+    fake_cuda(monkeypatch, 0)
+    with pytest.raises(FedriskError, match=r"^device = 'cuda' needs a CUDA GPU"):
+        run_federation(fed, alg, rounds=1, progress=False, metrics=[], splits=[], device="cuda")
+
+
+def test_fedrisk_run_with_cuda_without_cuda_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    import tomli_w
+
+    from fedrisk.cli import main
+
+    config = tmp_path / "tiny.toml"
+    config.write_text(tomli_w.dumps(TINY))
+    fake_cuda(monkeypatch, 0)
+    code = main(["run", str(config), "--out", str(tmp_path / "run"), "--quiet", "--set", "run.device=cuda"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: run.device = 'cuda' needs a CUDA GPU") and err.count("\n") == 1
+    code = main(["run", str(config), "--out", str(tmp_path / "auto"), "--quiet", "--set", "run.device=auto"])
+    assert code == 0 and 'device = "auto"' in (tmp_path / "auto" / "config.toml").read_text()
