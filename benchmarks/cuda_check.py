@@ -27,7 +27,9 @@ smoke test of the script):
 
 TF32 is switched off (``torch.backends.cuda.matmul.allow_tf32`` and cuDNN's), so float32 matmuls
 are true float32.  Every check runs whatever happened before (a failure prints its traceback);
-the exit status is 1 if any failed.  Needs no network and no dataset, only fedrisk's own
+the exit status is 1 if any failed.  The JSON summary is rewritten after every check (a run cut
+short keeps what it did); ``--budget-s S`` starts no check after S seconds (those not run count
+as failed).  Needs no network and no dataset, only fedrisk's own
 dependencies (torch, numpy, pydantic, tomli-w, tqdm); the third-party modules fedrisk imported
 are listed at the end.  Expected to take two to three minutes on one GPU::
 
@@ -285,10 +287,25 @@ def per_round(times: list[float]) -> float:
 
 # -- the checks -------------------------------------------------------------------------------
 class Checks:
-    def __init__(self) -> None:
+    """Runs checks one after another, whatever the earlier ones did; rewrites the JSON summary
+    after each (a run stopped by a timeout leaves the checks done so far); checks that would
+    start after ``budget_s`` seconds are recorded as not run (and count as failed)."""
+
+    def __init__(self, out: Path, env: dict[str, Any], budget_s: float) -> None:
         self.results: list[dict[str, Any]] = []
+        self.out, self.env, self.budget_s = out, env, budget_s
+        self.started = time.perf_counter()
+
+    def write(self) -> None:
+        self.env["seconds"] = round(time.perf_counter() - self.started, 1)
+        self.out.write_text(json.dumps({"environment": self.env, "checks": self.results}, indent=1, default=str))
 
     def run(self, name: str, fn: Callable[[], dict[str, Any]]) -> None:
+        if time.perf_counter() - self.started > self.budget_s:
+            self.results.append({"check": name, "ok": False, "seconds": 0.0, "summary": "not run: --budget-s spent"})
+            print(f"SKIP {name} (not run: --budget-s {self.budget_s:g} spent; counts as failed)", flush=True)
+            self.write()
+            return
         start = time.perf_counter()
         try:
             info = fn()
@@ -306,6 +323,7 @@ class Checks:
             print(error, flush=True)
         for where, tb in info.get("errors", {}).items():
             print(f"--- {name}: {where} raised:\n{tb}", flush=True)
+        self.write()
 
 
 def family_check(family: str, device: str, dtype: str, rounds: int, tol: float) -> dict[str, Any]:
@@ -477,11 +495,11 @@ def main() -> int:
     p.add_argument("--tol64", type=float, default=1e-9, help="relative tolerance in float64")
     p.add_argument("--families", nargs="*", default=list(FAMILIES), choices=list(FAMILIES))
     p.add_argument("--skip", nargs="*", default=[], choices=["families", "runner", "resnet18", "nccl"])
+    p.add_argument("--budget-s", type=float, default=math.inf, help="start no check after this many seconds")
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = False
-    started = time.perf_counter()
     from fedrisk.runtime.device import resolve_device
 
     device = str(resolve_device(args.device, "--device"))
@@ -496,25 +514,29 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     print(f"cuda_check: {env}", flush=True)
-    checks = Checks()
+    checks = Checks(Path(args.out), env, args.budget_s)
     tol = {"float32": args.tol32, "float64": args.tol64}
-    if "families" not in args.skip:
-        for family in args.families:
-            for dtype in ("float32", "float64"):
+
+    def families(dtype: str) -> None:
+        if "families" not in args.skip:
+            for family in args.families:
                 checks.run(
                     f"family/{family}/{dtype}",
-                    lambda f=family, d=dtype: family_check(f, device, d, args.rounds, tol[d]),
+                    lambda f=family: family_check(f, device, dtype, args.rounds, tol[dtype]),
                 )
-    if "runner" not in args.skip:
-        checks.run("runner", lambda: runner_check(device, args.rounds, args.tol32))
+
+    # the order puts one check of each kind early, in case --budget-s or a timeout cuts the run short
+    families("float32")
     if "resnet18" not in args.skip:
         checks.run("resnet18", lambda: resnet_check(device, args.resnet_rounds, args.tol32))
     if "nccl" not in args.skip:
         checks.run("nccl", lambda: nccl_check(device, args.rounds, args.tol32))
+    if "runner" not in args.skip:
+        checks.run("runner", lambda: runner_check(device, args.rounds, args.tol32))
+    families("float64")
     failed = [r["check"] for r in checks.results if not r["ok"]]
-    env["seconds"] = round(time.perf_counter() - started, 1)
     env["third_party_modules"] = third_party_modules()
-    Path(args.out).write_text(json.dumps({"environment": env, "checks": checks.results}, indent=1, default=str))
+    checks.write()
     print(f"third-party modules imported: {', '.join(env['third_party_modules'])}")
     print(
         f"{'ALL PASSED' if not failed else 'FAILED: ' + ', '.join(failed)} "
