@@ -1,6 +1,7 @@
 """One rank of ``cuda_check.py``'s NCCL check: the distributed executor on the device.
 
-    python -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/_cuda_nccl_worker.py \\
+    python -m torch.distributed.run --nnodes 1 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port 29611 \\
+        benchmarks/_cuda_nccl_worker.py \\
         --out DIR --device cuda --backend nccl --rounds 4 --families fedavg perm
 
 Builds each family's config of ``cuda_check.py`` with ``run.device`` and

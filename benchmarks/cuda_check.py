@@ -21,7 +21,7 @@ smoke test of the script):
    the CPU checkpoint into a device simulation.
 3. ``resnet18``: ``benchmarks/resnet18_round.py`` on the device: sequential vs vectorised vs the
    hand-written ``functional_call`` loop (their parameters and running statistics compared).
-4. ``nccl``: ``torchrun --standalone --nproc-per-node 1`` of ``_cuda_nccl_worker.py`` (the
+4. ``nccl``: ``torchrun --nproc-per-node 1`` (on 127.0.0.1) of ``_cuda_nccl_worker.py`` (the
    distributed executor, NCCL on CUDA, gloo with ``--device cpu``) for two configs, compared
    with the sequential executor on the device.
 
@@ -444,12 +444,15 @@ def resnet_check(device: str, rounds: int, tol: float) -> dict[str, Any]:
 
 
 def nccl_check(device: str, rounds: int, tol: float) -> dict[str, Any]:
+    from fedrisk.runtime.distributed import free_port
+
     backend = "nccl" if device.startswith("cuda") else "gloo"
     with tempfile.TemporaryDirectory() as tmp:
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
         env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
         cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1",
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
             str(HERE / "_cuda_nccl_worker.py"), "--out", tmp, "--device", device, "--backend", backend,
             "--rounds", str(rounds), "--families", *NCCL_FAMILIES,
         ]  # fmt: skip
