@@ -175,3 +175,16 @@ def test_fedrisk_run_with_cuda_without_cuda_says_so_in_one_line(tmp_path, monkey
     assert code == 2 and err.startswith("error: run.device = 'cuda' needs a CUDA GPU") and err.count("\n") == 1
     code = main(["run", str(config), "--out", str(tmp_path / "auto"), "--quiet", "--set", "run.device=auto"])
     assert code == 0 and 'device = "auto"' in (tmp_path / "auto" / "config.toml").read_text()
+
+
+def test_distributed_replies_go_to_the_payloads_device():
+    from fedrisk.algorithms.base import RoundPlan
+    from fedrisk.runtime.distributed import _home_device
+
+    cpu = torch.device("cpu")
+    on_meta = {"w": torch.zeros(2, device=META)}
+    assert _home_device(RoundPlan([0, 1], broadcast=on_meta), cpu) == META
+    # PERM's shuffle rounds broadcast nothing: each client's own payload says where the models are
+    shuffle = RoundPlan([0, 1], per_client={0: on_meta, 1: on_meta})
+    assert _home_device(shuffle, cpu) == META
+    assert _home_device(RoundPlan([0, 1]), META) == META  # nothing sent: the data's device
