@@ -224,7 +224,9 @@ class PERMShuffling(Algorithm):
         (drawn on the CPU generator, placed on ``device``)."""
         members = torch.tensor(sample_clients(gen, num_clients, self.clients_per_round), dtype=torch.int64)
         sigma = torch.randperm(members.shape[0], generator=gen)
-        return {"members": members.to(device), "sigma": sigma.to(device)}
+        if device is not None:
+            members, sigma = members.to(device), sigma.to(device)
+        return {"members": members, "sigma": sigma}
 
     def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
         N = ctx.fed.num_clients
