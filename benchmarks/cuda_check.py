@@ -363,7 +363,8 @@ def family_check(family: str, device: str, dtype: str, rounds: int, tol: float) 
     seconds = {f"{dev}/{e}": round(per_round(r["times"]), 5) for (dev, e), r in runs.items()}
     worst = max(diffs.values(), key=lambda d: d["rel"]) if diffs else {"rel": math.nan, "where": "no comparison"}
     summary = (
-        f"max rel diff {worst['rel']:.2e} (tol {tol:.0e}, at {worst['where']}); s/round "
+        "; ".join(f"{k} max|diff| {d['abs']:.1e} rel {d['rel']:.1e}" for k, d in diffs.items())
+        + f"; worst rel {worst['rel']:.2e} (tol {tol:.0e}, at {worst['where']}); s/round "
         + ", ".join(f"{k} {v:.4f}" for k, v in seconds.items())
         + (f"; skipped {skipped}" if skipped else "")
         + (f"; server state not on the device: {where_wrong}" if where_wrong else "")
