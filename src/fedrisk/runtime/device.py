@@ -92,5 +92,20 @@ def to_device(tree: Any, device: torch.device | None) -> Any:
     return tree_map(lambda x: x.to(device) if isinstance(x, Tensor) and not _same(x, device) else x, tree)
 
 
+def plan_device(plan: Any, default: torch.device) -> torch.device:
+    """Where a round's replies belong: the device of the server's broadcast, else of the
+    per-client payloads (PERM's shuffle rounds broadcast nothing), else ``default``.
+
+    Example:
+        >>> from fedrisk.algorithms.base import RoundPlan
+        >>> plan_device(RoundPlan([0], per_client={0: {"w": torch.zeros(1, device="meta")}}), torch.device("cpu"))
+        device(type='meta')
+    """
+    leaves = tensor_leaves(dict(plan.broadcast))
+    if not leaves and plan.per_client is not None and plan.clients:
+        leaves = tensor_leaves(dict(plan.per_client[plan.clients[0]]))
+    return leaves[0].device if leaves else default
+
+
 def _same(x: Tensor, device: torch.device) -> bool:
     return x.device.type == device.type and (device.index is None or x.device.index == device.index)

@@ -216,12 +216,11 @@ def _metric_in(x: Any) -> Any:
 
 
 def _home_device(plan: RoundPlan, default: torch.device) -> torch.device:
-    """Where gathered / reduced values go: the device of the server's broadcast, else of the
-    per-client payloads (PERM's shuffle rounds broadcast nothing), else ``default`` (the data's)."""
-    leaves = tensor_leaves(dict(plan.broadcast))
-    if not leaves and plan.per_client is not None and plan.clients:
-        leaves = tensor_leaves(dict(plan.per_client[plan.clients[0]]))
-    return leaves[0].device if leaves else default
+    """Where gathered / reduced values go (:func:`~fedrisk.runtime.device.plan_device`; ``default``:
+    the data's device)."""
+    from fedrisk.runtime.device import plan_device
+
+    return plan_device(plan, default)
 
 
 # -- the executor --------------------------------------------------------------------------
