@@ -35,6 +35,7 @@ are listed at the end.  Expected to take two to three minutes on one GPU::
 
     PYTHONPATH=src python benchmarks/cuda_check.py --out cuda_check.json
     PYTHONPATH=src python benchmarks/cuda_check.py --device cpu --rounds 2 --resnet-rounds 1 --out /tmp/c.json
+    python benchmarks/cuda_check.py --report cuda_check.json > benchmarks/RESULTS_cuda.md   # a Markdown table
 """
 
 from __future__ import annotations
@@ -489,6 +490,35 @@ def third_party_modules() -> list[str]:
     return sorted(t for t in tops if t not in stdlib and not t.startswith("_") and t not in ("fedrisk", "torch"))
 
 
+def markdown(summary: dict[str, Any]) -> str:
+    """A Markdown report of a JSON summary (``--report FILE``): the environment and one table
+    row per check (result, the worst relative difference, seconds per round)."""
+    env = summary["environment"]
+    lines = [
+        f"Measured {env['date']} on {env.get('gpu') or env['device']} (torch {env['torch']}, CUDA {env['cuda']}, "
+        f"Python {env['python']}, TF32 {env['tf32']}), {env.get('seconds', '?')} s in all, with",
+        "",
+        "```bash",
+        "PYTHONPATH=src python benchmarks/cuda_check.py --out cuda_check.json",
+        "```",
+        "",
+        "| check | result | worst relative difference (where) | seconds per round |",
+        "|---|---|---|---|",
+    ]
+    for c in summary["checks"]:
+        diffs = c.get("diffs") or {}
+        worst = max(diffs.values(), key=lambda d: d["rel"]) if diffs else None
+        diff = f"{worst['rel']:.1e} ({worst['where'] or '-'})" if worst else "-"
+        times = c.get("seconds_per_round") or c.get("median_wall") or {}
+        shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in times.items())
+        result = "PASS" if c["ok"] else ("not run" if c.get("summary", "").startswith("not run") else "FAIL")
+        if c["check"] == "resnet18":
+            d = c.get("differences", {})
+            diff = ", ".join(f"{n} {v['params_rel']:.1e} / stats {v['stats_rel']:.1e}" for n, v in d.items()) or "-"
+        lines.append(f"| {c['check']} | {result} | {diff} | {shown or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--device", default="cuda", help='"cuda", "cuda:N" or "cpu" (a smoke test: the CPU against itself)')
@@ -500,7 +530,11 @@ def main() -> int:
     p.add_argument("--families", nargs="*", default=list(FAMILIES), choices=list(FAMILIES))
     p.add_argument("--skip", nargs="*", default=[], choices=["families", "runner", "resnet18", "nccl"])
     p.add_argument("--budget-s", type=float, default=math.inf, help="start no check after this many seconds")
+    p.add_argument("--report", metavar="JSON", help="print a Markdown report of a summary written by --out, and stop")
     args = p.parse_args()
+    if args.report:
+        print(markdown(json.loads(Path(args.report).read_text())), end="")
+        return 0
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = False
