@@ -188,3 +188,30 @@ def test_distributed_replies_go_to_the_payloads_device():
     shuffle = RoundPlan([0, 1], per_client={0: on_meta, 1: on_meta})
     assert _home_device(shuffle, cpu) == META
     assert _home_device(RoundPlan([0, 1]), META) == META  # nothing sent: the data's device
+
+
+def test_a_device_simulation_moves_what_each_step_makes(monkeypatch):
+    """With a non-CPU device every tree a round makes on its way (the plan's payloads, the new
+    server state, the new client states) goes through ``to_device``; checked on the CPU by
+    pretending the simulation lives elsewhere and recording the calls."""
+    import fedrisk.runtime.simulation as simulation
+
+    alg, fed = toy()
+    sim = Simulation(alg, fed, seed=1, device="cpu")
+    moved: list[object] = []
+
+    def spy(tree, device):
+        moved.append(tree)
+        return to_device(tree, device)
+
+    monkeypatch.setattr(simulation, "to_device", spy)
+    sim._move = True  # as for a CUDA device
+    sim.step()
+    broadcast, server, clients = moved  # in the order the round makes them
+    assert set(broadcast) == {"params"} and set(server) == {"params", "opt"}
+    assert set(clients) == {0, 1, 2}  # the round's new client states, by client
+    state = {"round": 1, "seed": 1, "server_state": sim.server_state, "client_states": dict(sim.client_states)}
+    state["ledger"] = sim.ledger.state_dict()
+    moved.clear()
+    sim.load_state_dict(state)  # a checkpoint (read on the CPU) goes to the device too
+    assert len(moved) == 1 + 3
