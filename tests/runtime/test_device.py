@@ -215,3 +215,30 @@ def test_a_device_simulation_moves_what_each_step_makes(monkeypatch):
     moved.clear()
     sim.load_state_dict(state)  # a checkpoint (read on the CPU) goes to the device too
     assert len(moved) == 1 + 3
+
+
+def test_the_sequential_executor_hands_the_draws_to_the_clients_on_their_data_device():
+    """ClientRNG draws are made on the CPU; a client whose data live elsewhere (here: ``meta``)
+    gets them there, a CPU client gets the very tensors that were drawn."""
+    from dataclasses import dataclass
+
+    from fedrisk.algorithms.base import Algorithm, ClientResult, LocalData, RoundContext, RoundPlan
+    from fedrisk.algorithms.local import sample_batches
+    from fedrisk.runtime.executor import SequentialExecutor
+
+    seen = {}
+
+    @dataclass(frozen=True)
+    class Recorder(Algorithm):
+        def draw(self, ctx, client, num_samples, rng):
+            return {"batches": sample_batches(rng, num_samples, 2, 3)}
+
+        def client_update(self, ctx, payload, state, data, draws):
+            seen[int(data.size)] = draws["batches"].device
+            return ClientResult({"n": torch.ones(1)}, {}, {})
+
+    data = [LocalData(torch.zeros(5, 2), torch.zeros(5), torch.tensor(5), {})]
+    data.append(LocalData(torch.zeros(6, 2, device=META), torch.zeros(6, device=META), torch.tensor(6), {}))
+    ctx = RoundContext(0, None)  # type: ignore[arg-type]
+    SequentialExecutor().run_round(Recorder(), ctx, RoundPlan([0, 1]), {0: {}, 1: {}}, data, seed=0)
+    assert seen == {5: torch.device("cpu"), 6: META}
