@@ -52,8 +52,8 @@ __all__ = [
     "PairwiseBase",
     "SingleClassClientWarning",
     "class_order",
-    "pick_index",
     "last_occurrence",
+    "pick_index",
     "pick_rows",
     "scatter_last",
 ]
