@@ -247,7 +247,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print()
     shown = ", ".join(f"{k} = {v!r}" for k, v in result.best_params.items())
     print(f"best: {shown} ({spec.metric} = {result.best_value:.4f} at round {result.best_round})")
-    print(f"outputs in {out}: " + " ".join(p.name for p in result.files) + " study.db trials/")
+    print(f"outputs in {out}: " + " ".join(p.name for p in result.files) + " study.journal trials/")
     return 0
 
 

@@ -48,11 +48,19 @@ def cfg_of(**over):
     return resolve_config(raw)
 
 
+def stored(out):
+    """The study in ``out`` read with Optuna's own journal backend (the file is a plain Optuna journal)."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    assert (out / "study.journal").is_file()  # the backend would create it
+    storage = optuna.storages.JournalStorage(JournalFileBackend(str(out / "study.journal")))
+    return optuna.load_study(study_name="fedrisk", storage=storage)
+
+
 def outcome(out):
     """The trials of a study in proposal order: (params, state, value, intermediate values)."""
-    import optuna
-
-    study = optuna.load_study(study_name="fedrisk", storage=f"sqlite:///{out / 'study.db'}")
+    study = stored(out)
     rows = []
     for t in sorted(study.get_trials(), key=lambda t: t.user_attrs.get("index", t.number)):
         if t.state.name == "FAIL" and "error" not in t.user_attrs:
@@ -203,27 +211,85 @@ def test_median_pruner_prunes_bad_trials_and_best_toml(tmp_path):
 # ----------------------------------------------------------------------------- resume
 
 
-def test_resumed_tune_has_the_same_trials(tmp_path):
-    cfg = cfg_of(tune={"trials": 5})
-    spec = tune_spec(cfg)
-    run_tune(cfg, tmp_path / "whole", spec, plots=False)
-
-    # the same study, interrupted while its 3rd trial was running (as a kill -9 leaves it)
-    part = tmp_path / "part"
-    spec3 = tune_spec(cfg, trials=2)
-    run_tune(cfg, part, spec3, plots=False)
-    study, sampler = open_study(part, spec)
+def interrupted(cfg, spec, out):
+    """The study of ``spec`` after 2 trials, interrupted while its 3rd was running (as a kill -9 leaves it)."""
+    run_tune(cfg, out, tune_spec(cfg, trials=2), plots=False)
+    study, sampler = open_study(out, spec)
     sampler.reseed(2)
     trial = study.ask()
     for d in spec.space.values():
         d.suggest(trial)
     trial.set_user_attr("run_dir", "trials/002")
     trial.set_user_attr("index", 2)
+
+
+def test_resumed_tune_has_the_same_trials(tmp_path):
+    cfg = cfg_of(tune={"trials": 5})
+    spec = tune_spec(cfg)
+    run_tune(cfg, tmp_path / "whole", spec, plots=False)
+
+    part = tmp_path / "part"
+    interrupted(cfg, spec, part)
     with pytest.raises(FedriskError, match="already holds a tune"):
         run_tune(cfg, part, spec, plots=False)
     run_tune(cfg, part, spec, resume=True, plots=False)
     assert outcome(part) == outcome(tmp_path / "whole")
     assert len(outcome(part)) == 5
+
+
+def test_a_line_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
+    # a process killed inside its write leaves half a line; Optuna skips it when reading, but a
+    # line appended after it would make both unreadable
+    cfg = cfg_of(tune={"trials": 5})
+    spec = tune_spec(cfg)
+    run_tune(cfg, tmp_path / "whole", spec, plots=False)
+    part = tmp_path / "part"
+    interrupted(cfg, spec, part)
+    with open(part / "study.journal", "ab") as fh:
+        fh.write(b'{"op_code":8,"worker_id":"x","trial_id":2,"user_at')
+    run_tune(cfg, part, spec, resume=True, plots=False)
+    assert outcome(part) == outcome(tmp_path / "whole")
+
+
+def test_an_older_sqlite_study_is_copied_and_resumes(tmp_path):
+    # fedrisk before the journal kept the study in study.db (Optuna's SQLite storage): --resume
+    # copies it, every trial as it was, and continues it; without --resume it is not overwritten
+    import optuna
+
+    cfg = cfg_of(tune={"trials": 5})
+    spec = tune_spec(cfg)
+    run_tune(cfg, tmp_path / "whole", spec, plots=False)
+    part = tmp_path / "part"
+    interrupted(cfg, spec, part)
+    kept = [(t.number, t.state, t.params, t.datetime_start, t.user_attrs) for t in stored(part).get_trials()]
+    old = optuna.storages.RDBStorage(f"sqlite:///{part / 'study.db'}")
+    optuna.copy_study(from_study_name="fedrisk", from_storage=stored(part)._storage, to_storage=old)
+    old.engine.dispose()
+    (part / "study.journal").unlink()
+    before = (part / "study.db").read_bytes()
+    with pytest.raises(FedriskError, match="already holds a tune"):
+        run_tune(cfg, part, spec, plots=False)
+    lines = []
+    run_tune(cfg, part, spec, resume=True, plots=False, echo=lines.append)
+    assert "study.db (an older fedrisk's SQLite study) copied to study.journal; study.db is unchanged" in lines
+    assert outcome(part) == outcome(tmp_path / "whole")
+    assert (part / "study.db").read_bytes() == before
+    after = stored(part).get_trials()  # the old trials themselves, not a new study that happens to agree
+    assert [(t.number, t.state, t.params, t.datetime_start, t.user_attrs) for t in after[:2]] == kept[:2]
+    assert kept[2][1].name == "RUNNING" and after[2].state.name == "FAIL" and after[2].params == kept[2][2]
+    assert len(after) == 6  # the interrupted trial, proposed again
+
+
+def test_an_unreadable_older_study_is_a_one_line_error(tmp_path):
+    cfg = cfg_of(tune={"trials": 1})
+    spec = tune_spec(cfg)
+    run_tune(cfg, tmp_path, spec, plots=False)
+    (tmp_path / "study.journal").unlink()
+    (tmp_path / "study.db").write_bytes(b"not a database")
+    with pytest.raises(FedriskError, match=r"study\.db \(a study of an older fedrisk\) cannot be read: ") as info:
+        run_tune(cfg, tmp_path, spec, resume=True, plots=False)
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "study.journal").exists()
 
 
 def test_resume_refuses_other_settings(tmp_path):
@@ -245,17 +311,14 @@ def test_kill_9_tune_resumes_with_every_finished_trial(tmp_path):
     out = tmp_path / "killed"
     proc = subprocess.Popen([*cmd, "--out", str(out)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
-    import optuna
-
-    while time.time() < deadline:
-        time.sleep(0.2)
-        try:
-            study = optuna.load_study(study_name="fedrisk", storage=f"sqlite:///{out / 'study.db'}")
-            states = [t.state.name for t in study.get_trials()]
-        except Exception:
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+        if not (out / "study.journal").is_file():
             continue
+        states = [t.state.name for t in stored(out).get_trials()]
         if states.count("COMPLETE") + states.count("PRUNED") >= 3 and states[-1] == "RUNNING":
             break
+    assert proc.poll() is None, "the study file never showed 3 finished trials and a running one while the tune ran"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     finished_before = [t for t in outcome(out) if t[1] != "RUNNING"]

@@ -9,7 +9,7 @@ or successive halving) stops an unpromising trial right after the evaluation tha
 The study lives in the run folder::
 
     OUT/tune.toml     the base config and the study's settings (what --resume checks)
-    OUT/study.db      Optuna's SQLite storage: every trial, its values and intermediate values
+    OUT/study.journal Optuna's journal storage: every change to the study, one JSON line each
     OUT/trials/<n>/   one run directory per trial (config.toml, metrics.jsonl, summary.json)
     OUT/best.toml     the base config with the best values filled in (`fedrisk run OUT/best.toml`)
     OUT/trials.md     a Markdown table of the trials
@@ -22,7 +22,7 @@ Search spaces are strings: ``log:LO:HI`` (floats, log-uniform, 0 < LO < HI), ``f
 Reproducibility and resuming.  The sampler is re-seeded before each proposal from
 ``(run.seed, number of trials counted so far)``, so a proposal depends only on the seed and
 the finished trials, not on how many processes came and went.  A tune killed at any moment
-(even ``kill -9``) continues with ``--resume``: finished trials are kept in the SQLite file; a
+(even ``kill -9``) continues with ``--resume``: finished trials are kept in the journal; a
 trial that was running is marked failed-interrupted (not counted) and proposed again with the
 same values, in the same run directory (resumed from its checkpoint when it has one).  With
 one job a resumed tune therefore ends with the same trials as an uninterrupted one.  With
@@ -44,9 +44,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import math
+import os
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +79,7 @@ __all__ = [
     "Reporter",
     "TuneResult",
     "TuneSpec",
+    "has_study",
     "open_study",
     "parse_dimension",
     "parse_space",
@@ -90,7 +91,9 @@ __all__ = [
 ]
 
 SPEC_FILE = "tune.toml"
-STUDY_FILE = "study.db"
+STUDY_FILE = "study.journal"
+OLD_STUDY_FILE = "study.db"  # fedrisk before 2026-11-28 kept the study in Optuna's SQLite storage
+JOURNAL_LOCK = ".journal.lock"
 STUDY_NAME = "fedrisk"
 TRIALS_DIR = "trials"
 
@@ -244,51 +247,93 @@ def make_pruner(spec: TuneSpec) -> Any:
     return optuna.pruners.NopPruner()
 
 
-def storage_url(out: Path) -> str:
-    return f"sqlite:///{(Path(out) / STUDY_FILE).resolve()}"
+def _journal_backend(path: Path) -> Any:
+    """Optuna's journal file backend on ``path``, appending without a sync to the disk: every
+    change to the study is one JSON line, appended with one ``write`` under an exclusive
+    ``flock`` on ``.journal.lock`` beside it (safe for several processes, and released by the
+    kernel when a holder is killed, unlike Optuna's symlink and ``O_EXCL`` lock files, which a
+    ``kill -9`` leaves behind for a 30 s grace period).  A killed process loses nothing it
+    wrote (the operating system holds the pages); only a power cut could lose the last lines.
+    Optuna's own ``append_logs`` syncs every line, about 20 ms on a busy disk for each
+    reported evaluation.  A line cut short by a kill is dropped on resume (:func:`_repair`)."""
+    import json
+
+    from optuna.storages.journal import JournalFileBackend
+
+    class Journal(JournalFileBackend):
+        def __init__(self, path: Path) -> None:
+            super().__init__(str(path))  # reading is Optuna's (it tolerates a line being written)
+            self.path, self.lock = path, path.parent / JOURNAL_LOCK
+
+        def append_logs(self, logs: list[dict[str, Any]]) -> None:
+            data = "".join(json.dumps(log, separators=(",", ":")) + "\n" for log in logs).encode()
+            with _flock(self.lock):
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                finally:
+                    os.close(fd)
+
+    return Journal(path)
 
 
-def _connect(path: Path) -> Any:
-    """A SQLite connection in write-ahead-log mode without a sync per commit: a killed process
-    loses nothing it committed (the operating system holds the pages); only a power cut could
-    lose the last commits.  Each commit then costs microseconds instead of an fsync (about
-    20 ms on a busy disk, for every reported evaluation)."""
-    import sqlite3
-
-    conn = sqlite3.connect(str(path), timeout=60, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    return conn
+def _repair(path: Path) -> None:
+    """Drop a last line cut short (a process killed inside a ``write``): Optuna skips it when
+    reading, but the next line appended after it would make both unreadable."""
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with open(path, "r+b") as fh:
+            fh.truncate(data.rfind(b"\n") + 1)
 
 
-_storages: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # study -> its RDBStorage
+def _storage(out: Path) -> Any:
+    return _optuna().storages.JournalStorage(_journal_backend(Path(out).resolve() / STUDY_FILE))
+
+
+def _new_journal(out: Path, fill: Callable[[Any], None]) -> None:
+    """Write a study's journal under a temporary name and rename it into place, so that
+    ``OUT/study.journal`` exists only once it holds the study (a tune killed while creating it
+    leaves no half-made study for ``--resume`` to trip on)."""
+    tmp = Path(out).resolve() / f".{STUDY_FILE}.new"
+    tmp.unlink(missing_ok=True)
+    fill(_optuna().storages.JournalStorage(_journal_backend(tmp)))
+    os.replace(tmp, Path(out) / STUDY_FILE)
+
+
+def _migrate(out: Path, echo: Callable[[str], None]) -> None:
+    """Copy the SQLite study of an older fedrisk (``OUT/study.db``) into ``OUT/study.journal``,
+    every trial with its state, values, intermediate values and attributes, in the same order
+    (a trial left running is recovered as any other); ``study.db`` is read, not changed."""
+    optuna = _optuna()
+    url = f"sqlite:///{(Path(out) / OLD_STUDY_FILE).resolve()}"
+    try:
+        old = optuna.storages.RDBStorage(url, skip_compatibility_check=True)
+        optuna.load_study(study_name=STUDY_NAME, storage=old)
+    except Exception as exc:  # any failure to read it is reported as such, on one line
+        why = (str(exc).strip().splitlines() or [""])[0]
+        raise FedriskError(
+            f"{out / OLD_STUDY_FILE} (a study of an older fedrisk) cannot be read: {type(exc).__name__}: {why}"
+        ) from None
+    _new_journal(out, lambda new: optuna.copy_study(from_study_name=STUDY_NAME, from_storage=old, to_storage=new))
+    old.engine.dispose()
+    echo(f"{OLD_STUDY_FILE} (an older fedrisk's SQLite study) copied to {STUDY_FILE}; {OLD_STUDY_FILE} is unchanged")
+
+
+def has_study(out: Path) -> bool:
+    """Whether ``out`` holds a tune's study (this version's journal or an older SQLite file)."""
+    return (Path(out) / STUDY_FILE).is_file() or (Path(out) / OLD_STUDY_FILE).is_file()
 
 
 def open_study(out: Path, spec: TuneSpec, create: bool = False) -> tuple[Any, Any]:
-    """The study in ``out`` (SQLite, see :func:`_connect`) and its sampler."""
+    """The study in ``out`` (its journal, see :func:`_journal_backend`) and its sampler."""
     optuna = _optuna()
-    db = (Path(out) / STUDY_FILE).resolve()
-    storage = optuna.storages.RDBStorage(
-        storage_url(out), engine_kwargs={"creator": lambda: _connect(db)}, skip_compatibility_check=True
-    )
     sampler = _Reseeded(spec)
     if create:
-        study = optuna.create_study(
-            storage=storage, study_name=STUDY_NAME, direction=spec.direction, sampler=sampler, pruner=make_pruner(spec)
-        )
-    else:
-        study = optuna.load_study(storage=storage, study_name=STUDY_NAME, sampler=sampler, pruner=make_pruner(spec))
-    _storages[study] = storage
+        _new_journal(out, lambda s: optuna.create_study(storage=s, study_name=STUDY_NAME, direction=spec.direction))
+    study = optuna.load_study(storage=_storage(out), study_name=STUDY_NAME, sampler=sampler, pruner=make_pruner(spec))
     return study, sampler
-
-
-def close_connections(study: Any) -> None:
-    """Close the study's open SQLite connections (it opens new ones when used again): a
-    connection must not cross a fork, so the tuner calls this before forking its workers."""
-    storage = _storages.get(study)
-    if storage is not None:
-        storage.scoped_session.remove()
-        storage.engine.dispose()
 
 
 def counted(trial: Any) -> bool:
@@ -503,17 +548,24 @@ def _read_spec_file(out: Path) -> dict[str, Any]:
 
 
 def prepare_study(
-    out: Path, base: ExperimentConfig, spec: TuneSpec, *, resume: bool, overwrite: bool
+    out: Path,
+    base: ExperimentConfig,
+    spec: TuneSpec,
+    *,
+    resume: bool,
+    overwrite: bool,
+    echo: Callable[[str], None] = lambda line: None,
 ) -> tuple[Any, Any]:
     """Create the study in ``out``, or check that it is the same study and recover its
-    interrupted trials (``resume``)."""
+    interrupted trials (``resume``; an older fedrisk's ``study.db`` is copied first, see
+    :func:`_migrate`)."""
     with _flock(out / WORKERS_LOCK, blocking=False):  # no worker of an earlier tune is still running
         pass
-    exists = (out / STUDY_FILE).is_file()
+    exists = has_study(out)
     if exists and overwrite:
         import shutil
 
-        for name in (STUDY_FILE, SPEC_FILE, TRIALS_DIR):
+        for name in (STUDY_FILE, OLD_STUDY_FILE, SPEC_FILE, TRIALS_DIR):
             p = out / name
             shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
         exists = False
@@ -539,6 +591,10 @@ def prepare_study(
             "options, or start again with --overwrite"
         )
     atomic_write_text(out / SPEC_FILE, _spec_toml(base, spec))
+    if (out / STUDY_FILE).is_file():
+        _repair(out / STUDY_FILE)
+    else:
+        _migrate(out, echo)
     study, sampler = open_study(out, spec)
     optuna = _optuna()
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
@@ -576,12 +632,12 @@ def run_tune(
     echo = echo or (lambda line: None)
     out.mkdir(parents=True, exist_ok=True)
     with _flock(out / ".tune.lock", blocking=False), reuse_federations():  # the data is loaded once
-        study, sampler = prepare_study(out, base, spec, resume=resume, overwrite=overwrite)
+        study, sampler = prepare_study(out, base, spec, resume=resume, overwrite=overwrite, echo=echo)
         if spec.jobs <= 1:
             while run_trial(study, sampler, base, spec, out, echo, out / ".ask.lock"):
                 pass
         else:
             from fedrisk.experiment.tune_workers import run_workers
 
-            run_workers(out, spec, echo, base=base, study=study)
+            run_workers(out, spec, echo, base=base)
         return write_outputs(out, base, spec, plots=plots, study=study)
