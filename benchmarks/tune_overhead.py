@@ -1,6 +1,6 @@
 """The cost of ``fedrisk tune`` beyond its trials, and what ``--jobs 2`` buys (issue 24).
 
-Overhead: one 16-trial study (median pruner, TPE, SQLite storage, ``history.png``) of a
+Overhead: one 16-trial study (median pruner, TPE, journal storage, ``history.png``) of a
 config.  Two readings of "beyond the trials":
 
 - **beyond the rounds** (the strict one): the study's wall time minus the time its trials
@@ -24,6 +24,12 @@ change).  Only meaningful with two otherwise idle cores.
     .venv/bin/python benchmarks/tune_overhead.py --config small --rounds 30   # tiny trials (worst case)
     .venv/bin/python benchmarks/tune_overhead.py --jobs               # jobs 1 vs jobs 2
     .venv/bin/python benchmarks/tune_overhead.py --startup            # forked vs fresh workers
+    .venv/bin/python benchmarks/tune_overhead.py --profile            # where the tuner's time goes
+
+Profile (``--profile``): the same study under cProfile, and the cumulative seconds of the
+tuner's parts (creating the study, each Optuna call summed over the trials, the outputs and
+the plot) beside the trials' ``run_experiment`` calls.  cProfile slows Python code, so read
+the parts as shares, and the plain run's numbers as the overhead.
 
 Start-up (``--startup``): how long after the tune starts its two workers begin their first
 trials, forked from the tuner (the default with one thread per trial) or started as fresh
@@ -127,6 +133,40 @@ def study(cfg, trials: int, jobs: int, **kw) -> dict[str, float]:
     }
 
 
+PARTS = [  # (label, file suffix, function name): cumulative time in cProfile's stats
+    ("the trials' run_experiment", "experiment/runner.py", "run_experiment"),
+    ("prepare_study (import Optuna, create the study)", "experiment/tune.py", "prepare_study"),
+    ("run_trial (a trial and its Optuna calls)", "experiment/tune.py", "run_trial"),
+    ("  Study.ask (the sampler's proposal)", "optuna/study/study.py", "ask"),
+    ("  Study.tell", "optuna/study/study.py", "tell"),
+    ("  Study.get_trials", "optuna/study/study.py", "get_trials"),
+    ("  Trial.report", "optuna/trial/_trial.py", "report"),
+    ("  Trial.should_prune", "optuna/trial/_trial.py", "should_prune"),
+    ("  Trial.set_user_attr", "optuna/trial/_trial.py", "set_user_attr"),
+    ("  Trial.suggest_float", "optuna/trial/_trial.py", "suggest_float"),
+    ("write_outputs (trials.md, best.toml, history.png)", "experiment/tune_outputs.py", "write_outputs"),
+    ("  plot_history (with importing matplotlib)", "experiment/tune_outputs.py", "plot_history"),
+]
+
+
+def profile(cfg, trials: int) -> None:
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    wall = time.perf_counter()
+    prof.enable()
+    study(cfg, trials, 1)
+    prof.disable()
+    wall = time.perf_counter() - wall
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
+    print(f"study under cProfile: {wall:.2f} s wall; cumulative seconds of its parts:")
+    for label, suffix, name in PARTS:
+        hits = [(v[1], v[3]) for (f, _, n), v in stats.items() if n == name and f.endswith(suffix)]
+        calls, cum = sum(c for c, _ in hits), sum(t for _, t in hits)
+        print(f"  {label:<52} {cum:7.3f} s  ({calls} calls)")
+
+
 def startup(cfg) -> None:
     import fedrisk.experiment.tune_workers as workers
 
@@ -153,9 +193,14 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=16)
     p.add_argument("--jobs", action="store_true", help="compare --jobs 1 and --jobs 2 instead")
     p.add_argument("--startup", action="store_true", help="time forked against fresh workers instead")
+    p.add_argument("--profile", action="store_true", help="the study under cProfile: the tuner's parts")
     args = p.parse_args()
     cfg = config(args.config, args.rounds)
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores; {args.config}, {cfg['run.rounds']} rounds")
+    if args.profile:
+        profile(cfg, args.trials)
+        print(f"load average {os.getloadavg()[0]:.2f} at the end")
+        return
     if args.startup:
         startup(cfg)
         print(f"load average {os.getloadavg()[0]:.2f} at the end")

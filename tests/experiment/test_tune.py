@@ -208,6 +208,31 @@ def test_median_pruner_prunes_bad_trials_and_best_toml(tmp_path):
     assert "| trial | lr | validation_auroc |" in (tmp_path / "trials.md").read_text()
 
 
+def test_history_plot_shows_complete_and_pruned_trials_and_the_best_so_far(tmp_path):
+    import optuna
+    from PIL import Image
+
+    from fedrisk.experiment.tune_outputs import plot_history
+
+    dist = {"algorithm.lr": optuna.distributions.FloatDistribution(1e-4, 1, log=True)}
+    trials = [
+        optuna.trial.create_trial(params={"algorithm.lr": 0.1}, distributions=dist, value=0.8),
+        optuna.trial.create_trial(
+            params={"algorithm.lr": 0.5},
+            distributions=dist,
+            state=optuna.trial.TrialState.PRUNED,
+            intermediate_values={2: 0.6},
+        ),
+        optuna.trial.create_trial(params={"algorithm.lr": 0.01}, distributions=dist, value=0.9),
+    ]
+    path = plot_history(trials, tune_spec(cfg_of()), tmp_path / "history.png")
+    image = Image.open(path).convert("RGB")
+    assert image.size == (660, 396)  # 6 x 3.6 inches at 110 dpi
+    colours = {c for _, c in image.getcolors(maxcolors=1 << 20)}
+    for name, rgb in (("complete", (31, 119, 180)), ("best so far", (255, 127, 14)), ("pruned", (214, 39, 40))):
+        assert rgb in colours, name
+
+
 # ----------------------------------------------------------------------------- resume
 
 
