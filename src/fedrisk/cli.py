@@ -478,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
         "tune",
         help="tune hyper-parameters on the validation split (Optuna)",
         description="Tune config keys with Optuna: each trial is a fedrisk run scored on a validation metric; "
-        "unpromising trials are pruned; the study (SQLite) resumes with --resume.",
+        "unpromising trials are pruned; the study (an Optuna journal file) resumes with --resume.",
     )
     p.add_argument("config", metavar="CONFIG", help="a TOML config file (its [tune] table is the default study)")
     set_flag(p)
