@@ -25,6 +25,7 @@ change).  Only meaningful with two otherwise idle cores.
     .venv/bin/python benchmarks/tune_overhead.py --jobs               # jobs 1 vs jobs 2
     .venv/bin/python benchmarks/tune_overhead.py --startup            # forked vs fresh workers
     .venv/bin/python benchmarks/tune_overhead.py --profile            # where the tuner's time goes
+    .venv/bin/python benchmarks/tune_overhead.py --no-plot            # overhead without history.png
 
 Profile (``--profile``): the same study under cProfile, and the cumulative seconds of the
 tuner's parts (creating the study, each Optuna call summed over the trials, the outputs and
@@ -114,11 +115,11 @@ def rounds_seconds(out: str, trial) -> float:
     return json.loads(lines[-1])["wall_time"] if lines else 0.0
 
 
-def study(cfg, trials: int, jobs: int, **kw) -> dict[str, float]:
+def study(cfg, trials: int, jobs: int, plots: bool = True, **kw) -> dict[str, float]:
     spec = tune_spec(cfg, trials=trials, metric=cfg["tune.metric"], jobs=jobs, **kw)
     out = tempfile.mkdtemp(prefix="tune_bench_")
     wall, cpu = time.perf_counter(), time.process_time()
-    result = run_tune(cfg, out, spec)
+    result = run_tune(cfg, out, spec, plots=plots)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     states = [t.state.name for t in result.trials]
     return {
@@ -194,6 +195,7 @@ def main() -> None:
     p.add_argument("--jobs", action="store_true", help="compare --jobs 1 and --jobs 2 instead")
     p.add_argument("--startup", action="store_true", help="time forked against fresh workers instead")
     p.add_argument("--profile", action="store_true", help="the study under cProfile: the tuner's parts")
+    p.add_argument("--no-plot", action="store_true", help="without history.png (to see the plot's share)")
     args = p.parse_args()
     cfg = config(args.config, args.rounds)
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores; {args.config}, {cfg['run.rounds']} rounds")
@@ -215,9 +217,10 @@ def main() -> None:
         print(f"speed-up: {two['trials_per_hour'] / one['trials_per_hour']:.2f}x (target >= 1.6x)")
         print(f"load average {os.getloadavg()[0]:.2f} at the end")
         return
-    r = study(cfg, args.trials, 1)
+    r = study(cfg, args.trials, 1, plots=not args.no_plot)
+    what = f"{args.trials} trials" + (" without history.png" if args.no_plot else "")
     print(
-        f"{args.trials} trials ({r['complete']} complete, {r['pruned']} pruned): study {r['wall']:.2f} s wall / "
+        f"{what} ({r['complete']} complete, {r['pruned']} pruned): study {r['wall']:.2f} s wall / "
         f"{r['cpu']:.2f} s CPU; in the rounds {r['rounds_wall']:.2f} s; in the runs {r['trials_wall']:.2f} s wall / "
         f"{r['trials_cpu']:.2f} s CPU"
     )
