@@ -305,6 +305,12 @@ def test_an_older_sqlite_study_is_copied_and_resumes(tmp_path):
     assert len(after) == 6  # the interrupted trial, proposed again
 
 
+def test_opening_a_folder_without_a_study_is_an_error_and_creates_nothing(tmp_path):
+    with pytest.raises(FedriskError, match=r"holds no tune \(study\.journal\)"):
+        open_study(tmp_path, tune_spec(cfg_of()))
+    assert not any(tmp_path.iterdir())
+
+
 def test_an_unreadable_older_study_is_a_one_line_error(tmp_path):
     cfg = cfg_of(tune={"trials": 1})
     spec = tune_spec(cfg)

@@ -332,6 +332,8 @@ def open_study(out: Path, spec: TuneSpec, create: bool = False) -> tuple[Any, An
     sampler = _Reseeded(spec)
     if create:
         _new_journal(out, lambda s: optuna.create_study(storage=s, study_name=STUDY_NAME, direction=spec.direction))
+    elif not (Path(out) / STUDY_FILE).is_file():  # Optuna's backend would create an empty one
+        raise FedriskError(f"{out} holds no tune ({STUDY_FILE})")
     study = optuna.load_study(storage=_storage(out), study_name=STUDY_NAME, sampler=sampler, pruner=make_pruner(spec))
     return study, sampler
 
