@@ -296,7 +296,7 @@ def test_an_older_sqlite_study_is_copied_and_resumes(tmp_path):
         run_tune(cfg, part, spec, plots=False)
     lines = []
     run_tune(cfg, part, spec, resume=True, plots=False, echo=lines.append)
-    assert "study.db (an older fedrisk's SQLite study) copied to study.journal; study.db is unchanged" in lines
+    assert "study.db (an older fedrisk's SQLite study) copied to study.journal; study.db is left in place" in lines
     assert outcome(part) == outcome(tmp_path / "whole")
     assert (part / "study.db").read_bytes() == before
     after = stored(part).get_trials()  # the old trials themselves, not a new study that happens to agree

@@ -305,7 +305,8 @@ def _new_journal(out: Path, fill: Callable[[Any], None]) -> None:
 def _migrate(out: Path, echo: Callable[[str], None]) -> None:
     """Copy the SQLite study of an older fedrisk (``OUT/study.db``) into ``OUT/study.journal``,
     every trial with its state, values, intermediate values and attributes, in the same order
-    (a trial left running is recovered as any other); ``study.db`` is read, not changed."""
+    (a trial left running is recovered as any other).  ``study.db`` is only read (SQLite may
+    fold a write-ahead log left by a killed tune into it) and left in place."""
     optuna = _optuna()
     url = f"sqlite:///{(Path(out) / OLD_STUDY_FILE).resolve()}"
     try:
@@ -318,7 +319,7 @@ def _migrate(out: Path, echo: Callable[[str], None]) -> None:
         ) from None
     _new_journal(out, lambda new: optuna.copy_study(from_study_name=STUDY_NAME, from_storage=old, to_storage=new))
     old.engine.dispose()
-    echo(f"{OLD_STUDY_FILE} (an older fedrisk's SQLite study) copied to {STUDY_FILE}; {OLD_STUDY_FILE} is unchanged")
+    echo(f"{OLD_STUDY_FILE} (an older fedrisk's SQLite study) copied to {STUDY_FILE}; {OLD_STUDY_FILE} is left in place")
 
 
 def has_study(out: Path) -> bool:
