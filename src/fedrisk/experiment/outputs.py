@@ -250,7 +250,7 @@ def load_run(path: str | Path) -> RunData:
 
 def _tune_trial(run: Path, top: Path) -> bool:
     """Whether ``run`` is a trial of a ``fedrisk tune`` study below ``top`` (``STUDY/trials/<n>``)."""
-    from fedrisk.experiment.tune import has_study
+    from fedrisk.experiment.tune_storage import has_study
 
     study = run.parent.parent
     if run.parent.name != "trials" or not has_study(study):

@@ -41,13 +41,10 @@ Example (the random start-up trials before TPE and the median pruner take over):
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import math
-import os
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +69,18 @@ from fedrisk.experiment.tune_space import (
     select_overrides,
     short,
 )
+from fedrisk.experiment.tune_storage import (
+    OLD_STUDY_FILE,
+    STUDY_FILE,
+    STUDY_NAME,
+    has_study,
+    journal_storage,
+    migrate,
+    new_journal,
+    repair,
+)
+from fedrisk.experiment.tune_storage import flock as _flock
+from fedrisk.experiment.tune_storage import optuna_module as _optuna
 
 __all__ = [
     "Dimension",
@@ -91,10 +100,6 @@ __all__ = [
 ]
 
 SPEC_FILE = "tune.toml"
-STUDY_FILE = "study.journal"
-OLD_STUDY_FILE = "study.db"  # fedrisk before 2026-11-28 kept the study in Optuna's SQLite storage
-JOURNAL_LOCK = ".journal.lock"
-STUDY_NAME = "fedrisk"
 TRIALS_DIR = "trials"
 
 
@@ -174,16 +179,6 @@ def tune_spec(
 # ============================================================================= Optuna pieces
 
 
-def _optuna() -> Any:
-    try:
-        import optuna
-    except ImportError:  # pragma: no cover - a dependency of fedrisk
-        raise FedriskError("fedrisk tune needs optuna (pip install 'optuna>=4,<6')") from None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    return optuna
-
-
 def startup_trials(trials: int) -> int:
     """Trials proposed at random before the TPE model (and the median pruner) take over: a
     quarter of the budget, between 2 and 10 (Optuna's default of 10 suits budgets of 40+).
@@ -247,96 +242,17 @@ def make_pruner(spec: TuneSpec) -> Any:
     return optuna.pruners.NopPruner()
 
 
-def _journal_backend(path: Path) -> Any:
-    """Optuna's journal file backend on ``path``, appending without a sync to the disk: every
-    change to the study is one JSON line, appended with one ``write`` under an exclusive
-    ``flock`` on ``.journal.lock`` beside it (safe for several processes, and released by the
-    kernel when a holder is killed, unlike Optuna's symlink and ``O_EXCL`` lock files, which a
-    ``kill -9`` leaves behind for a 30 s grace period).  A killed process loses nothing it
-    wrote (the operating system holds the pages); only a power cut could lose the last lines.
-    Optuna's own ``append_logs`` syncs every line, about 20 ms on a busy disk for each
-    reported evaluation.  A line cut short by a kill is dropped on resume (:func:`_repair`)."""
-    import json
-
-    from optuna.storages.journal import JournalFileBackend
-
-    class Journal(JournalFileBackend):
-        def __init__(self, path: Path) -> None:
-            super().__init__(str(path))  # reading is Optuna's (it tolerates a line being written)
-            self.path, self.lock = path, path.parent / JOURNAL_LOCK
-
-        def append_logs(self, logs: list[dict[str, Any]]) -> None:
-            data = "".join(json.dumps(log, separators=(",", ":")) + "\n" for log in logs).encode()
-            with _flock(self.lock):
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-                try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view) :]
-                finally:
-                    os.close(fd)
-
-    return Journal(path)
-
-
-def _repair(path: Path) -> None:
-    """Drop a last line cut short (a process killed inside a ``write``): Optuna skips it when
-    reading, but the next line appended after it would make both unreadable."""
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with open(path, "r+b") as fh:
-            fh.truncate(data.rfind(b"\n") + 1)
-
-
-def _storage(out: Path) -> Any:
-    return _optuna().storages.JournalStorage(_journal_backend(Path(out).resolve() / STUDY_FILE))
-
-
-def _new_journal(out: Path, fill: Callable[[Any], None]) -> None:
-    """Write a study's journal under a temporary name and rename it into place, so that
-    ``OUT/study.journal`` exists only once it holds the study (a tune killed while creating it
-    leaves no half-made study for ``--resume`` to trip on)."""
-    tmp = Path(out).resolve() / f".{STUDY_FILE}.new"
-    tmp.unlink(missing_ok=True)
-    fill(_optuna().storages.JournalStorage(_journal_backend(tmp)))
-    os.replace(tmp, Path(out) / STUDY_FILE)
-
-
-def _migrate(out: Path, echo: Callable[[str], None]) -> None:
-    """Copy the SQLite study of an older fedrisk (``OUT/study.db``) into ``OUT/study.journal``,
-    every trial with its state, values, intermediate values and attributes, in the same order
-    (a trial left running is recovered as any other).  ``study.db`` is only read (SQLite may
-    fold a write-ahead log left by a killed tune into it) and left in place."""
-    optuna = _optuna()
-    url = f"sqlite:///{(Path(out) / OLD_STUDY_FILE).resolve()}"
-    try:
-        old = optuna.storages.RDBStorage(url, skip_compatibility_check=True)
-        optuna.load_study(study_name=STUDY_NAME, storage=old)
-    except Exception as exc:  # any failure to read it is reported as such, on one line
-        why = (str(exc).strip().splitlines() or [""])[0]
-        raise FedriskError(
-            f"{out / OLD_STUDY_FILE} (a study of an older fedrisk) cannot be read: {type(exc).__name__}: {why}"
-        ) from None
-    _new_journal(out, lambda new: optuna.copy_study(from_study_name=STUDY_NAME, from_storage=old, to_storage=new))
-    old.engine.dispose()
-    old_name = OLD_STUDY_FILE
-    echo(f"{old_name} (an older fedrisk's SQLite study) copied to {STUDY_FILE}; {old_name} is left in place")
-
-
-def has_study(out: Path) -> bool:
-    """Whether ``out`` holds a tune's study (this version's journal or an older SQLite file)."""
-    return (Path(out) / STUDY_FILE).is_file() or (Path(out) / OLD_STUDY_FILE).is_file()
-
-
 def open_study(out: Path, spec: TuneSpec, create: bool = False) -> tuple[Any, Any]:
-    """The study in ``out`` (its journal, see :func:`_journal_backend`) and its sampler."""
+    """The study in ``out`` (its journal, see :mod:`fedrisk.experiment.tune_storage`) and its sampler."""
     optuna = _optuna()
     sampler = _Reseeded(spec)
     if create:
-        _new_journal(out, lambda s: optuna.create_study(storage=s, study_name=STUDY_NAME, direction=spec.direction))
+        new_journal(out, lambda s: optuna.create_study(storage=s, study_name=STUDY_NAME, direction=spec.direction))
     elif not (Path(out) / STUDY_FILE).is_file():  # Optuna's backend would create an empty one
         raise FedriskError(f"{out} holds no tune ({STUDY_FILE})")
-    study = optuna.load_study(storage=_storage(out), study_name=STUDY_NAME, sampler=sampler, pruner=make_pruner(spec))
+    study = optuna.load_study(
+        storage=journal_storage(out), study_name=STUDY_NAME, sampler=sampler, pruner=make_pruner(spec)
+    )
     return study, sampler
 
 
@@ -350,21 +266,6 @@ def counted(trial: Any) -> bool:
 WORKERS_LOCK = ".workers.lock"
 """Held (shared) by every worker process for its life: a tune whose main process was killed
 leaves its workers finishing the study, and no new tune may touch the study until they end."""
-
-
-@contextlib.contextmanager
-def _flock(path: Path, blocking: bool = True, shared: bool = False) -> Iterator[None]:
-    with open(path, "a") as fh:
-        try:
-            fcntl.flock(fh, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            raise FedriskError(
-                f"{path.parent} is in use by another fedrisk tune (or its worker processes); wait for it or stop it"
-            ) from None
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 # ============================================================================= trials
@@ -562,7 +463,7 @@ def prepare_study(
 ) -> tuple[Any, Any]:
     """Create the study in ``out``, or check that it is the same study and recover its
     interrupted trials (``resume``; an older fedrisk's ``study.db`` is copied first, see
-    :func:`_migrate`)."""
+    :func:`~fedrisk.experiment.tune_storage.migrate`)."""
     with _flock(out / WORKERS_LOCK, blocking=False):  # no worker of an earlier tune is still running
         pass
     exists = has_study(out)
@@ -596,9 +497,9 @@ def prepare_study(
         )
     atomic_write_text(out / SPEC_FILE, _spec_toml(base, spec))
     if (out / STUDY_FILE).is_file():
-        _repair(out / STUDY_FILE)
+        repair(out / STUDY_FILE)
     else:
-        _migrate(out, echo)
+        migrate(out, echo)
     study, sampler = open_study(out, spec)
     optuna = _optuna()
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):

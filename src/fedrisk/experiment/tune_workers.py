@@ -33,12 +33,12 @@ from fedrisk.experiment.runner import RunInterrupted
 from fedrisk.experiment.tune import (
     WORKERS_LOCK,
     TuneSpec,
-    _flock,
     _read_spec_file,
     open_study,
     run_trial,
 )
 from fedrisk.experiment.tune_space import parse_dimension
+from fedrisk.experiment.tune_storage import flock
 
 
 def worker_threads(base: ExperimentConfig | None, jobs: int) -> int:
@@ -173,7 +173,7 @@ def _echo_new(out: Path, seen: int, echo: Callable[[str], None]) -> int:
 
 def work(out: Path, base: ExperimentConfig, spec: TuneSpec) -> int:
     """One worker's loop: run trials of the study in ``out`` until the budget is spent; its exit status."""
-    with _flock(out / WORKERS_LOCK, shared=True), reuse_federations():
+    with flock(out / WORKERS_LOCK, shared=True), reuse_federations():
         study, sampler = open_study(out, spec)
         try:
             while run_trial(study, sampler, base, spec, out, lambda line: print(line, flush=True), out / ".ask.lock"):
