@@ -242,7 +242,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if echo is not None:
         space = ", ".join(f"{k}={d.spec}" for k, d in spec.space.items())
         echo(f"tune: {spec.trials} trials of {space} on {spec.metric} ({spec.direction}) in {out}, jobs={spec.jobs}")
-    result = run_tune(cfg, out, spec, resume=args.resume, overwrite=args.overwrite, echo=echo)
+    result = run_tune(cfg, out, spec, resume=args.resume, overwrite=args.overwrite, echo=echo, plots=not args.no_plots)
     print(result.table)
     print()
     shown = ", ".join(f"{k} = {v!r}" for k, v in result.best_params.items())
@@ -502,6 +502,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mode.add_argument("--overwrite", action="store_true", help="replace a study already in --out")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument(
+        "--no-plots",
+        action="store_true",
+        help="skip history.png (drawing it, importing matplotlib included, is most of the tuner's own time)",
+    )
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser(
