@@ -281,18 +281,42 @@ def test_resumed_tune_has_the_same_trials(tmp_path):
     assert len(outcome(part)) == 5
 
 
-def test_a_line_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
-    # a process killed inside its write leaves half a line; Optuna skips it when reading, but a
-    # line appended after it would make both unreadable
+FRAGMENT = b'{"op_code":8,"worker_id":"x","trial_id":2,"user_at'  # a record cut short by a kill
+
+
+@pytest.mark.parametrize("where", ["end", "middle"])
+def test_a_record_cut_short_by_a_kill_is_dropped_on_resume(tmp_path, where):
+    # a process killed inside its write leaves part of a record; Optuna skips it at the end of
+    # the file, but the next record (another worker's, or this study's after resuming) lands on
+    # the same line and Optuna cannot read that line
     cfg = cfg_of(tune={"trials": 5})
     spec = tune_spec(cfg)
     run_tune(cfg, tmp_path / "whole", spec, plots=False)
     part = tmp_path / "part"
     interrupted(cfg, spec, part)
-    with open(part / "study.journal", "ab") as fh:
-        fh.write(b'{"op_code":8,"worker_id":"x","trial_id":2,"user_at')
-    run_tune(cfg, part, spec, resume=True, plots=False)
+    journal = part / "study.journal"
+    lines = journal.read_bytes().split(b"\n")
+    if where == "end":
+        lines[-1] = FRAGMENT
+    else:
+        lines[5] = FRAGMENT + lines[5]
+    journal.write_bytes(b"\n".join(lines))
+    if where == "middle":
+        with pytest.raises(ValueError):  # Optuna's own reader
+            stored(part)
+    echoed = []
+    run_tune(cfg, part, spec, resume=True, plots=False, echo=echoed.append)
+    assert "study.journal: dropped 1 record(s) cut short by a killed process" in echoed
     assert outcome(part) == outcome(tmp_path / "whole")
+
+
+def test_a_journal_line_that_is_no_record_is_a_one_line_error(tmp_path):
+    cfg = cfg_of(tune={"trials": 1})
+    run_tune(cfg, tmp_path, tune_spec(cfg), plots=False)
+    with open(tmp_path / "study.journal", "ab") as fh:
+        fh.write(b"garbage\n")
+    with pytest.raises(FedriskError, match=r"study\.journal: line \d+ is not an Optuna journal record; restore"):
+        run_tune(cfg, tmp_path, tune_spec(cfg), resume=True, plots=False)
 
 
 def test_an_older_sqlite_study_is_copied_and_resumes(tmp_path):

@@ -497,7 +497,8 @@ def prepare_study(
         )
     atomic_write_text(out / SPEC_FILE, _spec_toml(base, spec))
     if (out / STUDY_FILE).is_file():
-        repair(out / STUDY_FILE)
+        if cut := repair(out / STUDY_FILE):
+            echo(f"{STUDY_FILE}: dropped {cut} record(s) cut short by a killed process")
     else:
         migrate(out, echo)
     study, sampler = open_study(out, spec)

@@ -91,13 +91,40 @@ def journal_backend(path: Path) -> Any:
     return Journal(path)
 
 
-def repair(path: Path) -> None:
-    """Drop a last line cut short (a process killed inside a ``write``): Optuna skips it when
-    reading, but the next line appended after it would make both unreadable."""
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with open(path, "r+b") as fh:
-            fh.truncate(data.rfind(b"\n") + 1)
+RECORD_START = b'{"op_code":'  # how Optuna's JournalStorage begins every record
+
+
+def repair(path: Path) -> int:
+    """Drop what a process killed inside a ``write`` left of its record; returns how many
+    records were cut short.  Called only while no process uses the study.  Optuna's reader
+    skips a record cut short at the end, but the next record is appended to it on the same
+    line (with several workers another one may have done so already), and Optuna cannot read
+    that line: the complete record at its end is kept, the fragment before it dropped."""
+    import json
+
+    def complete(line: bytes) -> bool:
+        try:
+            return isinstance(json.loads(line), dict)
+        except ValueError:
+            return False
+
+    *lines, tail = path.read_bytes().split(b"\n")  # tail: b"" after a complete last line
+    kept, cut = [], int(tail != b"")
+    for number, line in enumerate(lines, start=1):
+        if not complete(line):
+            start = line.rfind(RECORD_START)
+            if start <= 0 or not complete(line[start:]):
+                raise FedriskError(
+                    f"{path}: line {number} is not an Optuna journal record; restore the file or start again "
+                    "with --overwrite"
+                )
+            line, cut = line[start:], cut + 1
+        kept.append(line)
+    if cut:
+        tmp = path.with_name(f".{path.name}.repaired")
+        tmp.write_bytes(b"".join(line + b"\n" for line in kept))
+        os.replace(tmp, path)
+    return cut
 
 
 def journal_storage(out: Path) -> Any:
