@@ -242,7 +242,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if echo is not None:
         space = ", ".join(f"{k}={d.spec}" for k, d in spec.space.items())
         echo(f"tune: {spec.trials} trials of {space} on {spec.metric} ({spec.direction}) in {out}, jobs={spec.jobs}")
-    result = run_tune(cfg, out, spec, resume=args.resume, overwrite=args.overwrite, echo=echo, plots=not args.no_plots)
+    result = run_tune(
+        cfg, out, spec, resume=args.resume, overwrite=args.overwrite, echo=echo, plots=False if args.no_plots else None
+    )
     print(result.table)
     print()
     shown = ", ".join(f"{k} = {v!r}" for k, v in result.best_params.items())

@@ -157,7 +157,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert err.startswith("error: search space algorithm.lr = 'log:-1:1' does not parse") and err.count("\n") == 1
 
 
-def test_cli_tune_draws_the_history_unless_no_plots(tmp_path, capsys, monkeypatch):
+def test_cli_tune_draws_the_history_unless_no_plots_or_output_plots_is_false(tmp_path, capsys, monkeypatch):
     from fedrisk.cli import main
 
     drawn = []  # the drawing itself: test_history_plot_shows_complete_and_pruned_trials_and_the_best_so_far
@@ -165,9 +165,14 @@ def test_cli_tune_draws_the_history_unless_no_plots(tmp_path, capsys, monkeypatc
         "fedrisk.experiment.tune_outputs.plot_history", lambda trials, spec, path: drawn.append(path) or path
     )
     path = tmp_path / "c.toml"
-    raw = {**RAW, "run": {**RAW["run"], "threads": 1}, "tune": {**RAW["tune"], "trials": 1}}
+    raw = {**RAW, "run": {**RAW["run"], "threads": 1}, "tune": {**RAW["tune"], "trials": 1}, "output": {"plots": True}}
     path.write_text(tomli_w.dumps(raw))
-    for out, extra in ((tmp_path / "plotted", []), (tmp_path / "plain", ["--no-plots"])):
+    cases = (
+        (tmp_path / "plotted", []),
+        (tmp_path / "plain", ["--no-plots"]),
+        (tmp_path / "off", ["--set", "output.plots=false"]),
+    )
+    for out, extra in cases:
         assert main(["tune", str(path), "--quiet", "--out", str(out), *extra]) == 0
         assert drawn == ([] if extra else [out / "history.png"])
         drawn.clear()

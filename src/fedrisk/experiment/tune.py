@@ -520,9 +520,10 @@ def run_tune(
     resume: bool = False,
     overwrite: bool = False,
     echo: Callable[[str], None] | None = None,
-    plots: bool = True,
+    plots: bool | None = None,
 ) -> TuneResult:
-    """Run (or continue) the study of ``spec`` on ``base`` into ``out`` and write its outputs.
+    """Run (or continue) the study of ``spec`` on ``base`` into ``out`` and write its outputs
+    (``history.png`` when ``plots``, by default the config's ``output.plots``).
 
     Example:
         >>> import tempfile
@@ -546,4 +547,5 @@ def run_tune(
             from fedrisk.experiment.tune_workers import run_workers
 
             run_workers(out, spec, echo, base=base)
+        plots = bool(base["output.plots"]) if plots is None else plots
         return write_outputs(out, base, spec, plots=plots, study=study)
