@@ -40,6 +40,14 @@ def grad(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return x.T @ (x @ w - y) / len(y)
 
 
+def step_to(sim: Simulation, r: int) -> None:
+    """Step to round ``r`` in a bounded loop (a mutant that stops the round counter fails here
+    instead of looping until mutmut's timeout)."""
+    for _ in range(r - int(sim.server_state["round"])):
+        sim.step()
+    assert int(sim.server_state["round"]) == r
+
+
 def kkt_weights(Dm: torch.Tensor, sizes: list[int], lam: float) -> torch.Tensor:
     """Eq. (2) row by row: bisection on τ_i so that Σ_j n_j / (2λ) max(0, τ_i − D_ij) = 1."""
     n = torch.tensor(sizes, dtype=F64)
@@ -62,8 +70,7 @@ def test_perm_global_batch_steps_with_minibatches_and_weights_from_full_gradient
     sim = Simulation(alg, fed, seed=SEED, dtype=F64)
     w = sim.server_state["w"]["w"].clone()
     for epoch, r in enumerate((0, N + 1)):  # the two estimate rounds; the shuffle rounds between leave w alone
-        while int(sim.server_state["round"]) < r:
-            sim.step()
+        step_to(sim, r)
         assert sim.step().kind == "estimate"
         full = torch.stack([grad(w, c.x, c.y) for c in fed.clients])
         mini = []
@@ -116,8 +123,7 @@ def test_perm_hetero_global_step_divides_each_coordinate_by_its_holders() -> Non
         return {n: g * masks[k][n] for n, g in zip(names, torch.autograd.grad(loss, [p[n] for n in names]))}
 
     for epoch, r in enumerate((0, N + 1)):
-        while int(sim.server_state["round"]) < r:
-            sim.step()
+        step_to(sim, r)
         assert sim.step().kind == "estimate"
         grads = [masked_grad(k) for k in range(N)]
         w = {n: w[n] - gamma * sum(g[n] for g in grads) / holders[n] for n in names}
