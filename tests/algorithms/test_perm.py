@@ -8,6 +8,7 @@ algorithm by ``tests/runtime`` and ``tests/conformance``."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from fedrisk.algorithms.perm import (
     shuffle_hosts,
     squared_distances,
 )
+from fedrisk.algorithms.perm_hetero import width_mask
 from fedrisk.data.federation import Federation, Samples
 from fedrisk.data.sources.synthetic import perm_two_cluster_federation
 from fedrisk.errors import FedriskError
@@ -591,18 +593,58 @@ def test_hetero_models_keep_their_width_and_weak_hosts_train_only_their_part() -
 
 
 @pytest.mark.parametrize(
-    ("model", "widths", "match"),
+    ("model", "widths", "message"),
     [
-        ("mlp", (1.0, 0.0), "width 0.0 cannot be served"),
-        ("mlp", (1.2,), "width 1.2 cannot be served"),
-        ("mlp", (), "at least one width"),
-        ("logreg", (1.0, 0.5), "cannot be served by this model"),
+        ("mlp", (1.0, 0.0), "width 0.0 cannot be served: widths are fractions of the hidden layers in (0, 1]"),
+        ("mlp", (1.2,), "width 1.2 cannot be served: widths are fractions of the hidden layers in (0, 1]"),
+        ("mlp", (), "widths must name at least one width in (0, 1]"),
+        (
+            "logreg",
+            (1.0, 0.5),
+            "heterogeneous widths cannot be served by this model: they need a stack of linear layers with at least "
+            "one hidden layer (model = 'mlp' with hidden = [...]); got parameters ['linear.weight']",
+        ),
     ],
 )
-def test_hetero_widths_that_cannot_be_served(model: str, widths: tuple, match: str) -> None:
+def test_hetero_widths_that_cannot_be_served(model: str, widths: tuple, message: str) -> None:
     m = mlp() if model == "mlp" else logreg()
-    with pytest.raises(FedriskError, match=match):
+    with pytest.raises(FedriskError, match="^" + re.escape(message) + "$"):
         PERMHetero(model=m, loss=cross_entropy, widths=widths)
+    if model == "logreg":  # the model is named before a width it could not serve anyway
+        with pytest.raises(FedriskError, match="^" + re.escape(message) + "$"):
+            PERMHetero(model=m, loss=cross_entropy, widths=(1.5,))
+
+
+def test_width_mask_keeps_the_first_units_of_every_hidden_layer_and_the_outer_layers_whole() -> None:
+    ones = torch.ones
+    p = {"a.weight": ones(6, 3), "a.bias": ones(6), "b.weight": ones(4, 6), "c.weight": ones(2, 4), "c.bias": ones(2)}
+    for ratio, (h1, h2) in ((1.0, (6, 4)), (0.5, (3, 2)), (0.3, (2, 2)), (0.1, (1, 1))):  # ceil(ratio h), at least 1
+        m = width_mask(p, ratio)
+        expected = {k: torch.zeros_like(x) for k, x in p.items()}
+        expected["a.weight"][:h1, :] = 1.0  # every input feeds the first h1 units
+        expected["a.bias"][:h1] = 1.0
+        expected["b.weight"][:h2, :h1] = 1.0
+        expected["c.weight"][:, :h2] = 1.0  # every output reads the first h2 units
+        expected["c.bias"][:] = 1.0
+        assert m.keys() == expected.keys()
+        for k in p:
+            assert torch.equal(m[k], expected[k]), (ratio, k)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ([torch.ones(4, 3), torch.ones(2, 4)], "heterogeneous widths need a model whose parameters are a flat dict "
+                                               "(model = 'mlp')"),
+        (
+            {"a.weight": torch.ones(4, 3), "b.weight": torch.ones(2, 4), "c.bias": torch.ones(4)},
+            "heterogeneous widths: cannot tell which layer ['c.bias'] belong to",
+        ),
+    ],
+)  # fmt: skip
+def test_width_mask_names_what_it_cannot_mask(params, message: str) -> None:
+    with pytest.raises(FedriskError, match="^" + re.escape(message) + "$"):
+        width_mask(params, 0.5)
 
 
 @pytest.mark.parametrize("name", ["synthetic", "fmnist", "fmnist_scaled"])

@@ -120,9 +120,9 @@ class PERMHetero(PERM):
             raise FedriskError(
                 f"perm_hetero supports warmup = 'uniform' only (alpha uniform for warmup_rounds); got {self.warmup!r}"
             )
-        width_mask(self.init_params(torch.Generator().manual_seed(0)), 1.0)  # the model can be masked at all
-        for r in self.widths:
-            width_mask(self.init_params(torch.Generator().manual_seed(0)), r)
+        params = self.init_params(torch.Generator())  # only the shapes matter
+        for r in (1.0, *self.widths):  # 1.0 first: whether the model can be masked at all
+            width_mask(params, r)
 
     def width(self, client: int) -> float:
         return self.widths[client % len(self.widths)]
