@@ -475,6 +475,12 @@ class PERM(PERMShuffling):
         state["estimations"] = torch.zeros((), dtype=torch.int64)
         return state
 
+    def estimates_weights(self, r: int) -> bool:
+        """Whether the estimate round ``r`` (0-based) sets alpha from the gradients: every one
+        after a FedAvg warm-up; else none in epoch 0 (alpha^0 uniform, Alg. 2) nor while
+        ``r < warmup_rounds``."""
+        return self.warmup == "fedavg" or (r > 0 and r >= self.warmup_rounds)
+
     def round_kind(self, server_state: Tree) -> str:
         if self.warmup == "fedavg" and int(server_state["round"]) < self.warmup_rounds:
             return "fedavg"
@@ -494,13 +500,9 @@ class PERM(PERMShuffling):
             return state
         w = state["w"]
         r = int(state["round"]) - 1  # this round's index
-        if self.warmup == "fedavg":  # the warm-up trained w only: v_i^0 = w, alpha estimated from now on
-            if r == self.warmup_rounds:
-                state["v"] = tree_stack([w] * ctx.fed.num_clients)
-            estimate = True
-        else:  # alpha^0 = uniform (Alg. 2), and uniform during warm-up
-            estimate = r > 0 and r >= self.warmup_rounds
-        if estimate:
+        if self.warmup == "fedavg" and r == self.warmup_rounds:  # the warm-up trained w only: v_i^0 = w
+            state["v"] = tree_stack([w] * ctx.fed.num_clients)
+        if self.estimates_weights(r):
             state["alpha"] = weights_from_replies(
                 state["alpha"], replies, ctx.fed.client_sizes, self.lam, "grad_full", out=state
             )

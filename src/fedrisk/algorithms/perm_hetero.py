@@ -154,8 +154,7 @@ class PERMHetero(PERM):
         return RoundPlan(clients, per_client=per_client, kind="shuffle")
 
     def aggregate_other(self, ctx: RoundContext, state: dict, replies: Replies, gen: torch.Generator) -> Tree:
-        r = int(state["round"]) - 1
-        if r > 0 and r >= self.warmup_rounds:
+        if self.estimates_weights(int(state["round"]) - 1):
             state["alpha"] = weights_from_replies(
                 state["alpha"], replies, ctx.fed.client_sizes, self.lam, "grad_full", out=state
             )
