@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedrisk.algorithms import PERM, PERMHetero, PERMShuffling
+from fedrisk.algorithms import PERM, PERMHetero, PERMShuffling, PERMTwoStage
 from fedrisk.algorithms.base import RoundContext
 from fedrisk.algorithms.local import sample_batch, sample_batches
 from fedrisk.models import FunctionalModel, build_model
@@ -206,6 +206,61 @@ def test_perm_alpha_batch_global_batch_and_warm_up_over_three_epochs_match_alg_2
             torch.testing.assert_close(sim.server_state["v"]["w"], v, rtol=0, atol=1e-12)
             assert torch.equal(sim.server_state["w"]["w"], w_now)  # the shuffle rounds leave w alone
     assert alg.global_params(sim.server_state) is sim.server_state["w"]
+
+
+def test_perm_two_stage_with_alpha_batch_matches_alg_3_then_alg_1() -> None:
+    """Two-stage PERM: R = 2 FedAvg rounds (K steps of size γ, uniform averaging over unequal
+    sizes), one estimate round (A-row gradients at w^R: D, α̂ = eq. (2), every v_i = w^R), then
+    two epochs of Alg. 1 with the fixed α̂, starting at the schedule's round 0."""
+    sizes, gamma, lam, A, lr, K, B, R = (8, 10, 12), 0.2, 40.0, 6, 0.1, 2, 3, 2
+    fed = _ls.least_squares(sizes, seed=6)
+    alg = PERMTwoStage(model=Linear(), loss=mean_squared_error, lr=lr, local_steps=K, batch_size=B, global_lr=gamma,
+                       alpha_batch=A, lam=lam, fedavg_rounds=R)  # fmt: skip
+    sim = Simulation(alg, fed, seed=SEED, dtype=F64)
+    w = sim.server_state["w"]["w"].clone()
+    for r in range(R):
+        local = []
+        for k, c in enumerate(fed.clients):
+            idx = sample_batches(client_generator(SEED, round=r, client=k), sizes[k], K, B)
+            local.append(ls_steps(w, c.x, c.y, idx, gamma)[0])
+        w = torch.stack(local).mean(0)  # uniform, not by size
+        assert sim.step().kind == "fedavg"
+        torch.testing.assert_close(sim.server_state["w"]["w"], w, rtol=0, atol=1e-13)
+    w = sim.server_state["w"]["w"].clone()  # w^R, to check that every v_i starts at it bit for bit
+    grads, losses = [], []
+    for k, c in enumerate(fed.clients):
+        rows = sample_batch(client_generator(SEED, round=R, client=k), sizes[k], A)
+        loss, g = ls_loss_grad(w, c.x[rows], c.y[rows])
+        grads.append(g)
+        losses.append(loss)
+    g = torch.stack(grads)
+    Dm = ((g[:, None, :] - g[None, :, :]) ** 2).sum(-1)
+    alpha = kkt_weights(Dm, list(sizes), lam)
+    assert 0.05 < float(alpha[0, 1]) < 0.95  # a real mixture
+    report = sim.step()
+    assert report.kind == "estimate"
+    assert report.train_metrics["global_loss"] == pytest.approx(sum(losses) / N, rel=1e-12)
+    torch.testing.assert_close(sim.server_state["alpha"], alpha, rtol=0, atol=1e-10)
+    torch.testing.assert_close(sim.server_state["discrepancy"], Dm, rtol=1e-12, atol=1e-12)
+    assert int(sim.server_state["estimations"]) == 1
+    v = w.expand(N, -1).clone()
+    assert torch.equal(sim.server_state["v"]["w"], v) and torch.equal(sim.server_state["w"]["w"], w)
+    r = R + 1
+    for _ in range(2):
+        sigma = sim.server_state["sigma"].tolist()
+        for j in range(N):
+            new = v.clone()
+            for i in range(N):
+                k = sigma[(i + j + 1) % N]
+                idx = sample_batches(client_generator(SEED, round=r, client=k), sizes[k], K, B)
+                new[i] = ls_steps(v[i], fed.clients[k].x, fed.clients[k].y, idx, lr * float(alpha[i, k]))[0]
+            v = new
+            assert sim.step().kind == "shuffle"
+            r += 1
+            torch.testing.assert_close(sim.server_state["v"]["w"], v, rtol=0, atol=1e-12)
+    assert torch.equal(sim.server_state["alpha"], alg.weight_matrix(sim.server_state))  # α̂ stays fixed
+    torch.testing.assert_close(sim.server_state["alpha"], alpha, rtol=0, atol=1e-10)
+    assert torch.equal(sim.server_state["w"]["w"], w) and int(sim.server_state["estimations"]) == 1
 
 
 # ----------------------------------------------------------------------------- heterogeneous widths

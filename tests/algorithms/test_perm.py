@@ -475,6 +475,32 @@ def test_bad_hyper_parameters_and_empty_clients() -> None:
         Simulation(PERM(model=logreg(), loss=cross_entropy), empty)
 
 
+def test_two_stage_bad_input_and_no_first_stage() -> None:
+    with pytest.raises(FedriskError, match="^" + re.escape("fedavg_rounds = -1 is out of range; allowed: [0, inf)")):
+        PERMTwoStage(model=logreg(), loss=cross_entropy, fedavg_rounds=-1)
+    message = (
+        "perm_two_stage trains the global model by FedAvg in stage 1 (fedavg_rounds); global_batch, "
+        "warmup_rounds and warmup belong to single-loop 'perm' - leave them unset"
+    )
+    with pytest.raises(FedriskError, match="^" + re.escape(message) + "$"):
+        PERMTwoStage(model=logreg(), loss=cross_entropy, global_batch=4)
+    alg = PERMTwoStage(model=logreg(), loss=cross_entropy, fedavg_rounds=0)  # no stage 1: estimate at w^0
+    sim = Simulation(alg, two_clusters(N=3), seed=0, dtype=F64)
+    assert [sim.step().kind for _ in range(2)] == ["estimate", "shuffle"]
+
+
+def test_a_round_kind_without_a_handler_is_named() -> None:
+    from fedrisk.algorithms.base import RoundContext
+    from fedrisk.runtime.simulation import fed_info
+
+    alg = PERMShuffling(model=logreg(), loss=cross_entropy)
+    ctx = RoundContext(0, fed_info(two_clusters(N=3)), kind="estimate")
+    with pytest.raises(AssertionError, match=r"^unexpected round kind 'estimate'$"):
+        alg.client_update(ctx, {}, {}, None, {})
+    with pytest.raises(AssertionError, match=r"^unexpected round kind 'estimate'$"):
+        alg.aggregate_other(ctx, {}, None, torch.Generator())
+
+
 # ----------------------------------------------------------------------------- executors
 
 

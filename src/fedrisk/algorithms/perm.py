@@ -283,7 +283,7 @@ class PERMShuffling(Algorithm):
         state["objective_sum"] = server_state["objective_sum"].index_add(0, slots, weighted)
         m = len(hosts)
         j = int(server_state["j"]) + 1
-        state["j"] = torch.tensor(j % m, dtype=torch.int64)
+        state["j"] = torch.tensor(j % m)
         if j == m:  # end of the epoch: eq. (3)'s objectives are complete; new S and sigma_{r+1}
             members = server_state["members"]
             state["objective"] = server_state["objective"].index_copy(0, members, state["objective_sum"][members])
@@ -469,7 +469,7 @@ class PERM(PERMShuffling):
     def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
         state = super().init_server(ctx, params, gen)
         state["alpha"] = torch.full_like(state["alpha"], 1.0 / ctx.fed.num_clients)  # alpha^0 uniform
-        state["j"] = torch.tensor(-1, dtype=torch.int64)  # -1: the epoch's estimate round is next
+        state["j"] = torch.tensor(-1)  # -1: the epoch's estimate round is next
         N = ctx.fed.num_clients
         state["discrepancy"] = torch.zeros(N, N, dtype=state["alpha"].dtype)  # D of the latest estimation
         state["estimations"] = torch.zeros((), dtype=torch.int64)
@@ -487,7 +487,7 @@ class PERM(PERMShuffling):
         return "estimate" if int(server_state["j"]) < 0 else "shuffle"
 
     def end_of_epoch(self, ctx: RoundContext, state: dict) -> dict:
-        state["j"] = torch.tensor(-1, dtype=torch.int64)
+        state["j"] = torch.tensor(-1)
         return state
 
     def global_params(self, server_state: Tree) -> Tree:
@@ -508,7 +508,7 @@ class PERM(PERMShuffling):
             )
         step = replies.mean("grad" if self.global_batch is not None else "grad_full")
         state["w"] = tree_map(lambda p, d: p - self.global_lr * d, w, step)
-        state["j"] = torch.tensor(0, dtype=torch.int64)
+        state["j"] = torch.tensor(0)
         return state
 
     def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
@@ -587,7 +587,7 @@ class PERMTwoStage(PERM):
             state["alpha"], replies, ctx.fed.client_sizes, self.lam, "grad_full", out=state
         )
         state["v"] = tree_stack([state["w"]] * ctx.fed.num_clients)
-        state["j"] = torch.tensor(0, dtype=torch.int64)
+        state["j"] = torch.tensor(0)
         return state
 
     def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:

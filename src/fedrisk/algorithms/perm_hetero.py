@@ -161,7 +161,7 @@ class PERMHetero(PERM):
         total = replies.sum("grad" if self.global_batch is not None else "grad_full")
         holders = tree_map(lambda m: m.sum(0).clamp_min(1.0), state["masks"])  # clients holding each coordinate
         state["w"] = tree_map(lambda p, s, c: p - self.global_lr * s / c, state["w"], total, holders)
-        state["j"] = torch.tensor(0, dtype=torch.int64)
+        state["j"] = torch.tensor(0)
         return state
 
     def client_update(
