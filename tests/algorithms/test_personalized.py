@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from fedrisk.algorithms import APFL, Ditto, FedAvg, LocalizedFedAvg, PerFedAvg, PFedMe
+from fedrisk.algorithms.base import RoundContext
+from fedrisk.algorithms.local import sample_batch, sample_batches
 from fedrisk.data.federation import Federation, Samples
 from fedrisk.data.sources.synthetic import perm_two_cluster_federation
 from fedrisk.errors import FedriskError
@@ -20,7 +22,7 @@ from fedrisk.models import FunctionalModel, build_model
 from fedrisk.objectives.supervised import cross_entropy, mean_squared_error
 from fedrisk.rng import client_generator
 from fedrisk.runtime.evaluation import evaluate
-from fedrisk.runtime.simulation import Simulation
+from fedrisk.runtime.simulation import Simulation, fed_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -94,7 +96,7 @@ def test_per_fedavg_step_matches_the_maml_update(variant: str) -> None:
                 g = g - a * hessian(s, i3) @ g
             w = w - b * g
         expected.append(w)
-        personal = w0 - a * grad(w0, s, d["personal"][0])
+        personal = w0 - a * grad(w0, s, d["personal"])
         torch.testing.assert_close(sim.client_states[k]["personal"]["w"], personal)
     sizes = torch.tensor(fed.client_sizes, dtype=F64)
     mean = sum(n * w for n, w in zip(sizes, expected)) / sizes.sum()
@@ -177,6 +179,37 @@ def test_apfl_reductions_and_adaptive_mixing() -> None:
     for _ in range(5):
         sim.step()
     assert all(0.0 <= float(sim.client_states[k]["mix"]) <= 1.0 for k in range(3))
+
+
+@pytest.mark.parametrize("sampling", ["with_replacement", "shuffle"])
+def test_each_baseline_draws_its_batches_in_its_documented_order(sampling: str) -> None:
+    """From the client's generator, in this order: FedAvg's K local batches, then the
+    fine-tuning batches (localised FedAvg) or the personal batches (Ditto); Per-FedAvg draws
+    3K batches (D, D', D'' per step) and one personalisation batch."""
+    fed, B = least_squares(), 4
+    common = {**COMMON, "sampling": sampling}
+    for k, n in enumerate(fed.client_sizes):
+
+        def gen(k: int = k):
+            return client_generator(0, round=1, client=k)
+
+        g = gen()
+        fine = LocalizedFedAvg(**common, finetune_steps=5)
+        expected = {"batches": sample_batches(g, n, 3, B, sampling), "finetune": sample_batches(g, n, 5, B, sampling)}
+        cases = [(fine, expected)]
+        g = gen()
+        ditto = Ditto(**common, personal_steps=2)
+        expected = {"batches": sample_batches(g, n, 3, B, sampling), "personal": sample_batches(g, n, 2, B, sampling)}
+        cases.append((ditto, expected))
+        g = gen()
+        maml = PerFedAvg(**common)
+        expected = {"batches": sample_batches(g, n, 9, B, sampling), "personal": sample_batch(g, n, B, sampling)}
+        cases.append((maml, expected))
+        for alg, want in cases:
+            got = alg.draw(RoundContext(1, fed_info(fed)), k, n, gen())
+            assert got.keys() == want.keys(), alg.name
+            for key in want:
+                assert torch.equal(got[key], want[key]), (alg.name, key)
 
 
 @pytest.mark.parametrize(

@@ -56,7 +56,7 @@ import torch
 
 from fedrisk.algorithms.base import ClientResult, LocalData, RoundContext
 from fedrisk.algorithms.fedavg import FedAvg
-from fedrisk.algorithms.local import batch, sample_batches, sgd_step, sgd_steps, supervised_objective
+from fedrisk.algorithms.local import batch, sample_batch, sample_batches, sgd_step, sgd_steps, supervised_objective
 from fedrisk.autodiff import value_and_grad
 from fedrisk.errors import check_range, unknown_name
 from fedrisk.rng import ClientRNG
@@ -156,7 +156,7 @@ class PerFedAvg(_Personal):
         # D, D', D'' for each local step, then the personalisation batch
         return {
             "batches": sample_batches(rng, num_samples, 3 * self.local_steps, self.batch_size, self.sampling),
-            "personal": sample_batches(rng, num_samples, 1, self.batch_size, self.sampling),
+            "personal": sample_batch(rng, num_samples, self.batch_size, self.sampling),
         }
 
     def client_update(
@@ -178,7 +178,7 @@ class PerFedAvg(_Personal):
             w = sgd_step(w, g_outer, b)
             losses.append(loss)
         # personalisation: one step of size a from the received model (their evaluation protocol)
-        _, g = vg(payload["params"], *batch(data, draws["personal"][0]))
+        _, g = vg(payload["params"], *batch(data, draws["personal"]))
         personal = sgd_step(payload["params"], g, a)
         return ClientResult({"params": w}, {"personal": personal}, {"loss": torch.stack(losses).mean()})
 
