@@ -6,6 +6,7 @@ Executor equivalence is covered for every registered algorithm by ``tests/runtim
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -84,13 +85,16 @@ def test_per_fedavg_step_matches_the_maml_update(variant: str) -> None:
     fed = least_squares()
     a, b = 0.1, 0.05
     alg = PerFedAvg(**{**COMMON, "lr": b}, inner_lr=a, variant=variant)
-    sim, w0 = one_round(alg, fed)
-    expected = []
+    sim = Simulation(alg, fed, seed=0, dtype=F64)
+    w0 = sim.server_state["params"]["w"].clone()
+    report = sim.step()
+    expected, losses = [], []
     for k, s in enumerate(fed.clients):
         d = draws(alg, fed, k)
         w = w0.clone()
         for t in range(3):
             i1, i2, i3 = d["batches"][3 * t], d["batches"][3 * t + 1], d["batches"][3 * t + 2]
+            losses.append(0.5 * float(((s.x[i1] @ w - s.y[i1]) ** 2).mean()))  # f(w; D) before the step
             g = grad(w - a * grad(w, s, i1), s, i2)
             if variant == "hf":
                 g = g - a * hessian(s, i3) @ g
@@ -101,6 +105,7 @@ def test_per_fedavg_step_matches_the_maml_update(variant: str) -> None:
     sizes = torch.tensor(fed.client_sizes, dtype=F64)
     mean = sum(n * w for n, w in zip(sizes, expected)) / sizes.sum()
     torch.testing.assert_close(sim.server_state["params"]["w"], mean, rtol=1e-9, atol=1e-9)
+    assert report.train_metrics["loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-12)
 
 
 @pytest.mark.parametrize("beta", [1.0, 0.5])
@@ -213,21 +218,41 @@ def test_each_baseline_draws_its_batches_in_its_documented_order(sampling: str) 
 
 
 @pytest.mark.parametrize(
-    ("build", "match"),
+    ("cls", "key", "value", "allowed"),
     [
-        (lambda: LocalizedFedAvg(**COMMON, finetune_steps=-1), "finetune_steps = -1"),
-        (lambda: PerFedAvg(**COMMON, inner_lr=0.0), "inner_lr = 0.0"),
-        (lambda: PerFedAvg(**COMMON, variant="second_order"), "unknown variant"),
-        (lambda: PFedMe(**COMMON, inner_steps=0), "inner_steps = 0"),
-        (lambda: PFedMe(**COMMON, lam=0.0), "lam = 0.0"),
-        (lambda: Ditto(**COMMON, personal_steps=0), "personal_steps = 0"),
-        (lambda: APFL(**COMMON, mix=1.5), "mix = 1.5"),
-        (lambda: APFL(**COMMON, mix_lr=-0.1), "mix_lr = -0.1"),
+        (LocalizedFedAvg, "finetune_steps", -1, "[0, inf)"),
+        (LocalizedFedAvg, "finetune_lr", 0.0, "(0.0, inf)"),
+        (PerFedAvg, "inner_lr", 0.0, "(0.0, inf)"),
+        (PerFedAvg, "hf_delta", 0.0, "(0.0, inf)"),
+        (PFedMe, "lam", 0.0, "(0.0, inf)"),
+        (PFedMe, "personal_lr", 0.0, "(0.0, inf)"),
+        (PFedMe, "inner_steps", 0, "[1, inf)"),
+        (PFedMe, "beta", 0.0, "(0.0, inf)"),
+        (Ditto, "lam", -1.0, "[0.0, inf)"),
+        (Ditto, "personal_lr", 0.0, "(0.0, inf)"),
+        (Ditto, "personal_steps", 0, "[1, inf)"),
+        (APFL, "mix", 1.5, "[0.0, 1.0]"),
+        (APFL, "mix", -0.5, "[0.0, 1.0]"),
+        (APFL, "mix_lr", -0.1, "[0.0, inf)"),
     ],
 )
-def test_bad_hyper_parameters(build, match: str) -> None:
-    with pytest.raises(FedriskError, match=match):
-        build()
+def test_bad_hyper_parameters(cls, key: str, value: float, allowed: str) -> None:
+    message = f"{key} = {value!r} is out of range; allowed: {allowed}"
+    with pytest.raises(FedriskError, match="^" + re.escape(message) + "$"):
+        cls(**COMMON, **{key: value})
+
+
+def test_hyper_parameters_at_their_bounds_are_allowed() -> None:
+    LocalizedFedAvg(**COMMON, finetune_steps=0, finetune_lr=1e-9)
+    PerFedAvg(**COMMON, inner_lr=1e-9, hf_delta=1e-9)
+    PFedMe(**COMMON, lam=1e-9, personal_lr=1e-9, inner_steps=1, beta=1e-9)
+    Ditto(**COMMON, lam=0.0, personal_lr=1e-9, personal_steps=1)
+    APFL(**COMMON, mix=0.0, mix_lr=0.0)
+    APFL(**COMMON, mix=1.0)
+    with pytest.raises(FedriskError, match=re.escape("unknown variant 'so'. Valid choices: fo, hf")):
+        PerFedAvg(**COMMON, variant="so")
+    with pytest.raises(FedriskError, match=re.escape("lr = 0.0 is not allowed")):  # FedAvg's own checks still run
+        Ditto(**{**COMMON, "lr": 0.0})
 
 
 def test_every_baseline_personalises_on_two_clusters() -> None:
