@@ -475,6 +475,47 @@ def test_bad_hyper_parameters_and_empty_clients() -> None:
         Simulation(PERM(model=logreg(), loss=cross_entropy), empty)
 
 
+@pytest.mark.parametrize(
+    ("cls", "key", "value", "message"),
+    [
+        (PERMShuffling, "lr", 0.0, "lr = 0.0 is not allowed; it must be a number > 0"),
+        (PERMShuffling, "local_steps", 0, "local_steps = 0 is out of range; allowed: [1, inf)"),
+        (PERMShuffling, "batch_size", 0, "batch_size = 0 is out of range; allowed: [1, inf)"),
+        (PERMShuffling, "sampling", "shufle", "unknown sampling 'shufle'. Did you mean 'shuffle'? Valid choices: "
+                                               "shuffle, with_replacement"),
+        (PERMShuffling, "clients_per_round", 0, "clients_per_round = 0 is out of range; allowed: [1, inf)"),
+        (PERMShuffling, "weights", "sample", "unknown weights 'sample'. Did you mean 'samples'? Valid choices: "
+                                             "local, samples, uniform"),
+        (PERM, "global_lr", 0.0, "global_lr = 0.0 is out of range; allowed: (0.0, inf)"),
+        (PERM, "lam", 0.0, "lam = 0.0 is out of range; allowed: (0.0, inf)"),
+        (PERM, "warmup_rounds", -1, "warmup_rounds = -1 is out of range; allowed: [0, inf)"),
+        (PERM, "warmup", "fedav", "unknown warmup 'fedav'. Did you mean 'fedavg'? Valid choices: fedavg, uniform"),
+        (PERM, "global_batch", 0, "global_batch = 0 is out of range; allowed: [1, inf)"),
+        (PERM, "alpha_batch", 0, "alpha_batch = 0 is out of range; allowed: [1, inf)"),
+    ],
+)  # fmt: skip
+def test_each_bad_hyper_parameter_is_named(cls, key: str, value, message: str) -> None:
+    with pytest.raises(FedriskError, match="^" + re.escape(message) + "$"):
+        cls(model=logreg(), loss=cross_entropy, **{key: value})
+
+
+def test_hyper_parameters_at_their_bounds_are_allowed() -> None:
+    PERMShuffling(model=logreg(), loss=cross_entropy, lr=1e-9, local_steps=1, batch_size=1, clients_per_round=1)
+    for weights in ("uniform", "samples", "local"):
+        PERMShuffling(model=logreg(), loss=cross_entropy, weights=weights)
+    PERM(model=logreg(), loss=cross_entropy, global_lr=1e-9, lam=1e-9, warmup_rounds=0, global_batch=1, alpha_batch=1)
+    PERM(model=logreg(), loss=cross_entropy, warmup="fedavg")
+    fed = two_clusters(N=4)
+    empty = Federation("gap", [fed.clients[0], fed.clients[1].subset([]), fed.clients[2].subset([])], 2)
+    message = (
+        "perm: clients [1, 2] have no training data; every client hosts a model in every round of PERM's "
+        "schedule, so every client needs n_j >= 1"
+    )
+    with pytest.raises(FedriskError, match="^" + re.escape(message) + "$"):
+        Simulation(PERM(model=logreg(), loss=cross_entropy), empty)
+    Simulation(PERM(model=logreg(), loss=cross_entropy, clients_per_round=4), fed)  # m = N is allowed
+
+
 def test_two_stage_bad_input_and_no_first_stage() -> None:
     with pytest.raises(FedriskError, match="^" + re.escape("fedavg_rounds = -1 is out of range; allowed: [0, inf)")):
         PERMTwoStage(model=logreg(), loss=cross_entropy, fedavg_rounds=-1)
