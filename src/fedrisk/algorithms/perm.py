@@ -456,8 +456,8 @@ class PERM(PERMShuffling):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_range("global_lr", self.global_lr, 0.0, None, low_inclusive=False)
-        check_range("lam", self.lam, 0.0, None, low_inclusive=False)
+        check_range("global_lr", self.global_lr, 0.0, low_inclusive=False)
+        check_range("lam", self.lam, 0.0, low_inclusive=False)
         check_range("warmup_rounds", self.warmup_rounds, 0)
         if self.warmup not in WARMUPS:
             raise unknown_name("warmup", self.warmup, WARMUPS)
