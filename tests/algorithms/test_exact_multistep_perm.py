@@ -263,6 +263,57 @@ def test_perm_two_stage_with_alpha_batch_matches_alg_3_then_alg_1() -> None:
     assert torch.equal(sim.server_state["w"]["w"], w) and int(sim.server_state["estimations"]) == 1
 
 
+def test_partial_perm_over_three_epochs_solves_the_sampled_rows_among_the_sampled() -> None:
+    """m = 3 of N = 5 clients per epoch: the estimate round's repliers S solve eq. (2) among
+    themselves (a replier's row puts no weight outside S), the others keep the row they had (the
+    uniform α^0, or an earlier estimate); D is recorded on S × S, older entries kept; the global
+    step averages the repliers' gradients; in the shuffle rounds model i of S moves among S's
+    hosts with step ``lr α_i(k) / Σ_{l∈S} α_i(l)``."""
+    n_clients, m, sizes, gamma, lam, lr, K, B = 5, 3, (8, 10, 12, 9, 11), 0.3, 40.0, 0.1, 2, 3
+    fed = _ls.least_squares(sizes, seed=7)
+    alg = PERM(model=Linear(), loss=mean_squared_error, lr=lr, local_steps=K, batch_size=B, global_lr=gamma, lam=lam,
+               clients_per_round=m)  # fmt: skip
+    sim = Simulation(alg, fed, seed=SEED, dtype=F64)
+    w, v = sim.server_state["w"]["w"].clone(), sim.server_state["v"]["w"].clone()
+    alpha = torch.full((n_clients, n_clients), 1 / n_clients, dtype=F64)
+    known = torch.zeros(n_clients, n_clients, dtype=F64)
+    r, samples = 0, []
+    for epoch in range(3):
+        S = sim.server_state["members"].tolist()
+        samples.append(S)
+        g = torch.stack([ls_loss_grad(w, fed.clients[k].x, fed.clients[k].y)[1] for k in S])
+        if epoch > 0:
+            Dm = ((g[:, None, :] - g[None, :, :]) ** 2).sum(-1)
+            sub = kkt_weights(Dm, [sizes[k] for k in S], lam)
+            for a, i in enumerate(S):
+                alpha[i] = 0.0
+                for b, k in enumerate(S):
+                    alpha[i, k] = sub[a, b]
+                    known[i, k] = Dm[a, b]
+        w = w - gamma * g.mean(0)
+        report = sim.step()
+        r += 1
+        assert report.kind == "estimate" and report.clients == S
+        torch.testing.assert_close(sim.server_state["w"]["w"], w, rtol=0, atol=1e-13)
+        torch.testing.assert_close(sim.server_state["alpha"], alpha, rtol=0, atol=1e-10)
+        torch.testing.assert_close(sim.server_state["discrepancy"], known, rtol=1e-12, atol=1e-12)
+        assert int(sim.server_state["estimations"]) == epoch
+        sigma = sim.server_state["sigma"].tolist()
+        for j in range(m):
+            new = v.clone()
+            for p, i in enumerate(S):
+                k = S[sigma[(p + j + 1) % m]]
+                idx = sample_batches(client_generator(SEED, round=r, client=k), sizes[k], K, B)
+                step = lr * float(alpha[i, k] / alpha[i, S].sum())
+                new[i] = ls_steps(v[i], fed.clients[k].x, fed.clients[k].y, idx, step)[0]
+            v = new
+            assert sim.step().clients == S
+            r += 1
+            torch.testing.assert_close(sim.server_state["v"]["w"], v, rtol=0, atol=1e-12)
+    kept = sorted(set(samples[1]) - set(samples[2]))
+    assert kept and all(float(alpha[i].max()) > 1 / n_clients + 0.05 for i in kept)  # an earlier estimate, kept
+
+
 # ----------------------------------------------------------------------------- heterogeneous widths
 
 NAMES = ("layers.0.weight", "layers.0.bias", "layers.2.weight", "layers.2.bias")
