@@ -219,12 +219,16 @@ def test_perm_two_stage_with_alpha_batch_matches_alg_3_then_alg_1() -> None:
     sim = Simulation(alg, fed, seed=SEED, dtype=F64)
     w = sim.server_state["w"]["w"].clone()
     for r in range(R):
-        local = []
+        local, losses = [], []
         for k, c in enumerate(fed.clients):
             idx = sample_batches(client_generator(SEED, round=r, client=k), sizes[k], K, B)
-            local.append(ls_steps(w, c.x, c.y, idx, gamma)[0])
+            w_k, loss = ls_steps(w, c.x, c.y, idx, gamma)
+            local.append(w_k)
+            losses.append(loss)
         w = torch.stack(local).mean(0)  # uniform, not by size
-        assert sim.step().kind == "fedavg"
+        report = sim.step()
+        assert report.kind == "fedavg"
+        assert report.train_metrics["global_loss"] == pytest.approx(sum(losses) / N, rel=1e-12)
         torch.testing.assert_close(sim.server_state["w"]["w"], w, rtol=0, atol=1e-13)
     w = sim.server_state["w"]["w"].clone()  # w^R, to check that every v_i starts at it bit for bit
     grads, losses = [], []

@@ -249,7 +249,7 @@ class PERMShuffling(Algorithm):
     def visit_weight(self, server_state: Tree, owner: int, host: int) -> Tensor:
         """``alpha_owner(host)``, restricted to the epoch's clients under partial participation."""
         alpha, members = server_state["alpha"], server_state["members"]
-        if members.shape[0] == alpha.shape[0]:
+        if len(members) == len(alpha):
             return alpha[owner, host]
         return alpha[owner, host] / alpha[owner, members].sum().clamp_min(torch.finfo(alpha.dtype).tiny)
 
@@ -383,21 +383,20 @@ def weights_from_replies(
     failed or dropped client under ``on_client_failure = "skip"``, or a client outside the
     epoch's sample under partial participation), the weights are solved among the repliers
     only: a replier's row puts no weight on an absent client (whose gradient is unknown), and
-    an absent client keeps its previous row.  With ``out`` (a server state), also records the
-    repliers' discrepancies in ``out["discrepancy"]`` [N, N] (other entries kept) and counts
-    the estimation in ``out["estimations"]``.
+    an absent client keeps its previous row.  With ``out`` (a server state of :class:`PERM`),
+    also records the repliers' discrepancies in ``out["discrepancy"]`` [N, N] (other entries
+    kept) and counts the estimation in ``out["estimations"]``.
     """
     ids = list(replies.clients)
     D = squared_distances(_gradient_matrix(replies, key))
     sub = mixing_weights(D, [sizes[i] for i in ids], lam)
-    index = torch.tensor(ids, dtype=torch.long)
+    index = torch.tensor(ids)
     if out is not None:
-        N = previous.shape[0]
-        known = out.get("discrepancy", torch.zeros(N, N, dtype=previous.dtype)).clone()
+        known = out["discrepancy"].clone()
         known[index.unsqueeze(1), index] = D.to(known.dtype)
         out["discrepancy"] = known
-        out["estimations"] = out.get("estimations", torch.zeros((), dtype=torch.int64)) + 1
-    if len(ids) == previous.shape[0]:
+        out["estimations"] = out["estimations"] + 1
+    if len(ids) == len(previous):
         return sub.to(previous.dtype)
     alpha = previous.clone()
     alpha[index] = 0.0

@@ -232,9 +232,7 @@ class PFedMe(_Personal):
 
     def aggregate(self, ctx: RoundContext, server_state: Tree, plan: Any, replies: Any, gen: torch.Generator) -> Tree:
         new = super().aggregate(ctx, server_state, plan, replies, gen)
-        if self.beta == 1.0:
-            return new
-        old = server_state["params"]
+        old = server_state["params"]  # beta = 1: exactly the average (0 * old + 1 * mean)
         new["params"] = tree_map(lambda o, m: (1 - self.beta) * o + self.beta * m, old, new["params"])
         return new
 
