@@ -219,7 +219,7 @@ class PERMShuffling(Algorithm):
 
     def draw_epoch(self, num_clients: int, gen: torch.Generator) -> dict[str, Tensor]:
         """The next epoch's clients S (all, drawing nothing, at full participation) and sigma."""
-        members = torch.tensor(sample_clients(gen, num_clients, self.clients_per_round), dtype=torch.int64)
+        members = torch.tensor(sample_clients(gen, num_clients, self.clients_per_round))  # int64: never empty
         return {"members": members, "sigma": torch.randperm(members.shape[0], generator=gen)}
 
     def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
@@ -354,7 +354,7 @@ def _estimate_gradients(alg: Any, params: Tree, data: LocalData, draws: Tree) ->
         x, y = data.x[draws["alpha_idx"]], data.y[draws["alpha_idx"]]
         loss, g = value_and_grad(objective)(params, x, y)
     reply = {"grad_full": g}
-    if getattr(alg, "global_batch", None) is not None:
+    if alg.global_batch is not None:
         x, y = data.x[draws["global_idx"]], data.y[draws["global_idx"]]
         reply["grad"] = value_and_grad(objective)(params, x, y)[1]
     return {"reply": reply, "loss": loss}
@@ -364,7 +364,7 @@ def _estimate_draws(alg: Any, num_samples: Any, rng: ClientRNG) -> Tree:
     out = {}
     if alg.alpha_batch is not None:
         out["alpha_idx"] = sample_batch(rng, num_samples, alg.alpha_batch)
-    if getattr(alg, "global_batch", None) is not None:
+    if alg.global_batch is not None:
         out["global_idx"] = sample_batch(rng, num_samples, alg.global_batch)
     return out
 
