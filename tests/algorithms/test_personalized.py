@@ -129,6 +129,24 @@ def test_pfedme_step_and_server_mixing(beta: float) -> None:
     torch.testing.assert_close(sim.server_state["params"]["w"], (1 - beta) * w0 + beta * mean)
 
 
+def test_pfedme_hands_the_rounds_generator_to_a_randomised_aggregator() -> None:
+    """A robust rule such as bucketing draws from the server's generator of the round; pFedMe's
+    mixing step must pass it on (without it bucketing falls back to one fixed permutation)."""
+    from fedrisk.aggregators.base import WeightedMean
+
+    seen = []
+
+    class Recording(WeightedMean):
+        def __call__(self, replies, key, weights=None, gen=None):
+            seen.append(gen)
+            return super().__call__(replies, key, weights, gen)
+
+    sim = Simulation(PFedMe(**COMMON, beta=0.5, aggregator=Recording()), least_squares(), seed=0, dtype=F64)
+    for _ in range(2):
+        sim.step()
+    assert len(seen) == 2 and all(isinstance(g, torch.Generator) for g in seen)
+
+
 def test_ditto_personal_model_is_pulled_towards_the_received_global_model() -> None:
     fed = least_squares()
     lam, plr = 0.5, 0.1
