@@ -514,6 +514,8 @@ def test_hyper_parameters_at_their_bounds_are_allowed() -> None:
     with pytest.raises(FedriskError, match="^" + re.escape(message) + "$"):
         Simulation(PERM(model=logreg(), loss=cross_entropy), empty)
     Simulation(PERM(model=logreg(), loss=cross_entropy, clients_per_round=4), fed)  # m = N is allowed
+    one_row = Federation("one row", [fed.clients[0], fed.clients[1].subset([0])], 2)
+    Simulation(PERM(model=logreg(), loss=cross_entropy), one_row)  # n_j = 1 is enough
 
 
 def test_two_stage_bad_input_and_no_first_stage() -> None:

@@ -276,7 +276,7 @@ class PERMShuffling(Algorithm):
         # each hosted model goes back to its owner's slot
         hosts, owner = self.hosting(server_state)
         position = {k: p for p, k in enumerate(hosts)}
-        slots = owner[torch.tensor([position[k] for k in replies.clients], dtype=torch.int64)]
+        slots = owner[torch.tensor([position[k] for k in replies.clients])]  # a round has at least one reply
         new = replies.stacked("params")
         state["v"] = tree_map(lambda v, x: v.index_copy(0, slots, x.to(v.dtype)), server_state["v"], new)
         weighted = replies.stacked("weighted_loss").to(state["objective_sum"].dtype)
@@ -300,8 +300,8 @@ class PERMShuffling(Algorithm):
     def state_metrics(self, server_state: Tree, federation: Any) -> dict[str, float]:
         """``train_loss``: the mean over the models of eq. (3)'s objective ``Phi(alpha_i, v_i)``
         over each model's last complete epoch (absent before the first epoch ends)."""
-        seen = server_state.get("objective_seen")
-        if seen is None or not bool(seen.any()):
+        seen = server_state["objective_seen"]
+        if not bool(seen.any()):
             return {}
         return {"train_loss": float(server_state["objective"][seen].mean())}
 
