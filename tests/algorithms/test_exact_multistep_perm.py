@@ -343,18 +343,22 @@ def mlp_grad(p: dict, x: torch.Tensor, y: torch.Tensor) -> tuple[float, dict[str
     return float(loss.detach()), dict(zip(NAMES, torch.autograd.grad(loss, [q[n] for n in NAMES])))
 
 
-@pytest.mark.parametrize("global_batch", [None, 3])
-def test_perm_hetero_two_epochs_with_unequal_widths_match_a_hand_transcription(global_batch: int | None) -> None:
+@pytest.mark.parametrize(("global_batch", "warmup_rounds"), [(None, 0), (3, N + 1)])
+def test_perm_hetero_two_epochs_with_unequal_widths_match_a_hand_transcription(
+    global_batch: int | None, warmup_rounds: int
+) -> None:
     """PERMHetero (Sec. 3.3, the mechanism of its docstring) with widths 1, 1/2 and 1/4: client k
     uploads ``m_k ⊙ ∇f_k(m_k ⊙ w)`` (full data for D; M rows for the global step when
     ``global_batch = M``), the global step divides each coordinate's sum by its holders (3, 2 or
     1: HeteroFL), and in a shuffle round host k trains model i on ``m_i ⊙ m_k`` only, K steps of
-    ``lr α_i(k)``."""
+    ``lr α_i(k)``.  The second epoch's estimate round sets α (with a warm-up, it is the first
+    round with ``r ≥ warmup_rounds``)."""
     sizes, gamma, lam, lr, K, B = (8, 10, 12), 0.2, 400.0, 0.1, 2, 4
     fed = _ls.least_squares(sizes, seed=4)
     model = FunctionalModel(build_model("mlp", (D,), 1, hidden=[4]))
     alg = PERMHetero(model=model, loss=mean_squared_error, lr=lr, local_steps=K, batch_size=B, global_lr=gamma,
-                     global_batch=global_batch, lam=lam, widths=(1.0, 0.5, 0.25))  # fmt: skip
+                     global_batch=global_batch, lam=lam, widths=(1.0, 0.5, 0.25),
+                     warmup_rounds=warmup_rounds)  # fmt: skip
     sim = Simulation(alg, fed, seed=SEED, dtype=F64)
     masks = hetero_masks()
     for k in range(N):
