@@ -165,8 +165,19 @@ def test_perm_alpha_batch_global_batch_and_warm_up_over_three_epochs_match_alg_2
     sizes, gamma, lam, A, M, lr, K, B = (8, 10, 12), 0.3, 40.0, 5, 3, 0.1, 2, 3
     warm = 2 * (N + 1)  # the third epoch's estimate round is the first with r >= warmup_rounds
     fed = _ls.least_squares(sizes, seed=3)
-    alg = PERM(model=Linear(), loss=mean_squared_error, lr=lr, local_steps=K, batch_size=B, global_lr=gamma,
-               global_batch=M, alpha_batch=A, lam=lam, warmup_rounds=warm)  # fmt: skip
+    alg = PERM(
+        model=Linear(),
+        loss=mean_squared_error,
+        lr=lr,
+        local_steps=K,
+        batch_size=B,
+        global_lr=gamma,
+        global_batch=M,
+        alpha_batch=A,
+        lam=lam,
+        warmup_rounds=warm,
+        weights="samples",  # ignored by PERM: alpha^0 is uniform
+    )
     sim = Simulation(alg, fed, seed=SEED, dtype=F64)
     w, v = sim.server_state["w"]["w"].clone(), sim.server_state["v"]["w"].clone()
     alpha = torch.full((N, N), 1 / N, dtype=F64)

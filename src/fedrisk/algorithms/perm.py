@@ -471,7 +471,7 @@ class PERM(PERMShuffling):
         state["j"] = torch.tensor(-1)  # -1: the epoch's estimate round is next
         N = ctx.fed.num_clients
         state["discrepancy"] = torch.zeros(N, N, dtype=state["alpha"].dtype)  # D of the latest estimation
-        state["estimations"] = torch.zeros((), dtype=torch.int64)
+        state["estimations"] = torch.tensor(0)
         return state
 
     def estimates_weights(self, r: int) -> bool:
