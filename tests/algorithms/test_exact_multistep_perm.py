@@ -26,7 +26,7 @@ from fedrisk.algorithms.base import RoundContext
 from fedrisk.algorithms.local import sample_batch, sample_batches
 from fedrisk.models import FunctionalModel, build_model
 from fedrisk.objectives.supervised import mean_squared_error
-from fedrisk.rng import client_generator
+from fedrisk.rng import client_generator, server_generator
 from fedrisk.runtime.simulation import Simulation, fed_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -111,19 +111,24 @@ def ls_steps(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, idx: torch.Tenso
     return w, total / idx.shape[0]
 
 
-def test_perm_shuffling_with_sample_weights_over_two_epochs_matches_alg_1() -> None:
-    """Alg. 1 with ``α_i(k) = n_k / n`` (unequal sizes), K = 3 minibatch steps without
-    replacement, two epochs: in round j model i sits at ``σ((i + j + 1) mod N)`` and steps by
-    ``η N α_i(k) = lr α_i(k)``; eq. (3)'s objective Φ_i sums the hosts' ``α_i(k)``-weighted mean
-    losses over the epoch."""
+@pytest.mark.parametrize("weights", ["samples", "uniform", "local"])
+def test_perm_shuffling_with_fixed_weights_over_two_epochs_matches_alg_1(weights: str) -> None:
+    """Alg. 1 with ``α_i(k) = n_k / n`` (unequal sizes), ``1 / N`` or ``[i = k]``, K = 3
+    minibatch steps without replacement, two epochs: in round j model i sits at
+    ``σ((i + j + 1) mod N)`` and steps by ``η N α_i(k) = lr α_i(k)``; eq. (3)'s objective Φ_i
+    sums the hosts' ``α_i(k)``-weighted mean losses over the epoch."""
     sizes, lr, K, B = (6, 9, 12, 8), 0.15, 3, 4
     n_clients = len(sizes)
     fed = _ls.least_squares(sizes, seed=5)
     alg = PERMShuffling(model=Linear(), loss=mean_squared_error, lr=lr, local_steps=K, batch_size=B,
-                        weights="samples", sampling="shuffle")  # fmt: skip
+                        weights=weights, sampling="shuffle")  # fmt: skip
     sim = Simulation(alg, fed, seed=SEED, dtype=F64)
     n = torch.tensor(sizes, dtype=F64)
-    alpha = (n / n.sum()).expand(n_clients, n_clients)
+    alpha = {
+        "samples": (n / n.sum()).expand(n_clients, n_clients),
+        "uniform": torch.full((n_clients, n_clients), 1 / n_clients, dtype=F64),
+        "local": torch.eye(n_clients, dtype=F64),
+    }[weights]
     torch.testing.assert_close(alg.weight_matrix(sim.server_state), alpha, rtol=0, atol=1e-15)
     v = sim.server_state["v"]["w"].clone()
     w0 = sim.server_state["w"]["w"].clone()
@@ -293,8 +298,11 @@ def test_partial_perm_over_three_epochs_solves_the_sampled_rows_among_the_sample
     alpha = torch.full((n_clients, n_clients), 1 / n_clients, dtype=F64)
     known = torch.zeros(n_clients, n_clients, dtype=F64)
     r, samples = 0, []
+    g = server_generator(SEED, -1, "init")  # the first epoch's S and sigma; later ones: the epoch's last round
     for epoch in range(3):
-        S = sim.server_state["members"].tolist()
+        S = sorted(torch.randperm(n_clients, generator=g)[:m].tolist())  # m clients without replacement
+        sigma = torch.randperm(m, generator=g).tolist()  # then a permutation of S's positions
+        assert sim.server_state["members"].tolist() == S and sim.server_state["sigma"].tolist() == sigma
         samples.append(S)
         g = torch.stack([ls_loss_grad(w, fed.clients[k].x, fed.clients[k].y)[1] for k in S])
         if epoch > 0:
@@ -313,7 +321,6 @@ def test_partial_perm_over_three_epochs_solves_the_sampled_rows_among_the_sample
         torch.testing.assert_close(sim.server_state["alpha"], alpha, rtol=0, atol=1e-10)
         torch.testing.assert_close(sim.server_state["discrepancy"], known, rtol=1e-12, atol=1e-12)
         assert int(sim.server_state["estimations"]) == epoch
-        sigma = sim.server_state["sigma"].tolist()
         for j in range(m):
             new = v.clone()
             for p, i in enumerate(S):
@@ -325,6 +332,7 @@ def test_partial_perm_over_three_epochs_solves_the_sampled_rows_among_the_sample
             assert sim.step().clients == S
             r += 1
             torch.testing.assert_close(sim.server_state["v"]["w"], v, rtol=0, atol=1e-12)
+        g = server_generator(SEED, r - 1, "aggregate")
     kept = sorted(set(samples[1]) - set(samples[2]))
     assert kept and all(float(alpha[i].max()) > 1 / n_clients + 0.05 for i in kept)  # an earlier estimate, kept
 
