@@ -106,8 +106,9 @@ def query_stats(hist: Tensor, max_items: int | None = None) -> tuple[Tensor, Ten
     after = desc.cumsum(1)  # items placed once each grade is done
     before = after - desc
     n = max_items if max_items is not None else (int(h.sum(1).max().item()) if Q else 0)
-    cum = torch.cat([torch.zeros(1, dtype=dtype), (1 / torch.log2(torch.arange(2, n + 2, dtype=dtype))).cumsum(0)])
-    gains = (2.0 ** torch.arange(G - 1, -1, -1, dtype=dtype)) - 1
+    on = {"dtype": dtype, "device": hist.device}
+    cum = torch.cat([torch.zeros(1, **on), (1 / torch.log2(torch.arange(2, n + 2, **on))).cumsum(0)])
+    gains = (2.0 ** torch.arange(G - 1, -1, -1, **on)) - 1
     z = (gains * (cum[after.long()] - cum[before.long()])).sum(1)
     return size, rel, z
 
@@ -206,7 +207,7 @@ class FeDXL2NDCG(Algorithm):
         if data and hasattr(self.model, "init_params"):  # a multi-output scorer is refused at set-up, not mid-run
             x = data[0].x[:1]
             with torch.no_grad():
-                single_output(self.model.apply(self.model.init_params(0, dtype=x.dtype), x), self.name)
+                single_output(self.model.apply(self.model.init_params(0, dtype=x.dtype, device=x.device), x), self.name)
         qs, rels = [queries_of(d)[: int(d.size)] for d in data], [d.y[: int(d.size)] for d in data]
         queries, relevance = torch.cat(qs), torch.cat(rels)
         if torch.any(relevance < 0):

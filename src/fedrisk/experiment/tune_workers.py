@@ -146,12 +146,14 @@ def run_workers(
             p.send_signal(signum)
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    seen, shown = 0, time.perf_counter()
+    seen: dict[str, int] = {}
+    shown = time.perf_counter()
     try:
         while any(p.poll() is None for p, _ in procs):
             time.sleep(0.02)  # notice the last worker's end at once; echo its lines twice a second
             if time.perf_counter() - shown > 0.5:
-                seen, shown = _echo_new(out, seen, echo), time.perf_counter()
+                _echo_new(out, seen, echo)
+                shown = time.perf_counter()
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
@@ -167,13 +169,14 @@ def run_workers(
         raise FedriskError(f"tune worker {i} exited with status {code}: {' '.join(tail)} (log: {out}/worker{i}.log)")
 
 
-def _echo_new(out: Path, seen: int, echo: Callable[[str], None]) -> int:
-    lines = []
+def _echo_new(out: Path, seen: dict[str, int], echo: Callable[[str], None]) -> None:
+    """Echo each worker log's trial lines not echoed yet; ``seen`` counts them per log (a count
+    over all logs together would repeat one worker's lines and skip another's as they interleave)."""
     for log in sorted(out.glob("worker*.log")):
-        lines += [ln for ln in log.read_text().splitlines() if ln.startswith("[trial ")]
-    for line in lines[seen:]:
-        echo(line)
-    return max(seen, len(lines))
+        lines = [ln for ln in log.read_text().splitlines() if ln.startswith("[trial ")]
+        for line in lines[seen.get(log.name, 0) :]:
+            echo(line)
+        seen[log.name] = max(seen.get(log.name, 0), len(lines))
 
 
 def work(out: Path, base: ExperimentConfig, spec: TuneSpec) -> int:
