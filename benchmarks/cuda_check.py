@@ -487,7 +487,8 @@ def nccl_check(device: str, rounds: int, tol: float) -> dict[str, Any]:
 def third_party_modules() -> list[str]:
     stdlib = set(getattr(sys, "stdlib_module_names", ()))
     tops = {m.split(".")[0] for m in list(sys.modules)}
-    return sorted(t for t in tops if t not in stdlib and not t.startswith("_") and t not in ("fedrisk", "torch"))
+    here = {p.stem for p in HERE.glob("*.py")}  # this folder's own scripts
+    return sorted(t for t in tops if t not in stdlib | here and not t.startswith("_") and t not in ("fedrisk", "torch"))
 
 
 def markdown(summary: dict[str, Any]) -> str:
