@@ -97,6 +97,22 @@ def pick_rows(order: Tensor, start: Tensor, count: Tensor, unit: Tensor) -> Tens
     return order[torch.clamp(start + pick_index(count, unit), max=order.shape[0] - 1)]
 
 
+def scatter_rows(table: Tensor, rows: Tensor, values: Tensor) -> Tensor:
+    """``table`` with row ``rows[i]`` set to ``values[i]``; where ``rows`` repeats (positives drawn
+    with replacement), the last occurrence wins on every device.  ``Tensor.scatter`` leaves the
+    choice among duplicate indices unspecified, and CUDA's differs from the CPU's in-order one,
+    so each duplicate is given the last occurrence's value first (branch-free, vmap-able).
+
+    Example:
+        >>> scatter_rows(torch.zeros(3), torch.tensor([2, 0, 2]), torch.tensor([1.0, 5.0, 7.0])).tolist()
+        [5.0, 0.0, 7.0]
+    """
+    pos = torch.arange(rows.shape[0], device=rows.device)
+    last = torch.where(rows[:, None] == rows[None, :], pos[None, :], -1).amax(1)  # last j with rows[j] == rows[i]
+    src = values[last]
+    return table.scatter(0, rows.reshape(-1, *[1] * (table.dim() - 1)).expand_as(src), src)
+
+
 @dataclass(frozen=True)
 class PairwiseBase(Algorithm):
     """Shared fields and local loop of FeDXL1/2 and Local Pair (:mod:`fedrisk.algorithms.fedxl`).
@@ -373,8 +389,7 @@ class PairwiseBase(Algorithm):
             (_, (a, b, u_new, value, *moved)), grads = value_and_grad(objective, has_aux=True)(params)
             v = moved[0] if moved else v
             if u is not None:
-                index = ranks[k].reshape(-1, *[1] * (u.dim() - 1)).expand_as(u_new)
-                u = u.scatter(0, index, torch.where(has_pos > 0, u_new, u_rows))
+                u = scatter_rows(u, ranks[k], torch.where(has_pos > 0, u_new, u_rows))
             if beta is not None:  # G^r_{i,k} = (1−β) G^r_{i,k−1} + β (G1 + G2)
                 G = {n: (1 - beta) * G[n] + beta * grads[n] for n in names}
                 step = G
