@@ -242,31 +242,3 @@ def test_the_sequential_executor_hands_the_draws_to_the_clients_on_their_data_de
     ctx = RoundContext(0, None)  # type: ignore[arg-type]
     SequentialExecutor().run_round(Recorder(), ctx, RoundPlan([0, 1]), {0: {}, 1: {}}, data, seed=0)
     assert seen == {5: torch.device("cpu"), 6: META}
-
-
-def test_u_table_updates_let_the_last_duplicate_win_as_a_plain_loop_does(monkeypatch):
-    """FeDXL's / SONG's u-tables are written at positive ranks drawn with replacement; the
-    write must not depend on ``scatter``'s (device-dependent) choice among duplicate rows: a
-    scatter that applies its writes in the opposite order (as CUDA may) gives the same table."""
-    from fedrisk.algorithms.pairwise import scatter_rows
-
-    g = torch.Generator().manual_seed(3)
-    original = torch.Tensor.scatter
-    for width in ((), (2,)):  # one u per positive; AP's (u_pos, u_all)
-        table = torch.randn(5, *width, generator=g)
-        rows = torch.tensor([3, 1, 3, 0, 1, 3])
-        values = torch.randn(6, *width, generator=g)
-        expected = table.clone()
-        for i, r in enumerate(rows.tolist()):  # in order: the last write to a row stays
-            expected[r] = values[i]
-        assert torch.equal(scatter_rows(table, rows, values), expected)
-        with monkeypatch.context() as m:
-            m.setattr(torch.Tensor, "scatter", lambda t, dim, index, src: original(t, dim, index.flip(0), src.flip(0)))
-            assert torch.equal(scatter_rows(table, rows, values), expected)
-    batched = torch.func.vmap(scatter_rows)(table[None].repeat(2, 1, 1), torch.stack([rows, rows.flip(0)]),
-                                            torch.stack([values, values]))  # fmt: skip
-    assert torch.equal(batched[0], expected)
-    flipped = table.clone()
-    for i, r in enumerate(rows.flip(0).tolist()):
-        flipped[r] = values[i]
-    assert torch.equal(batched[1], flipped)

@@ -69,7 +69,7 @@ from torch import Tensor
 
 from fedrisk.aggregators.base import Replies
 from fedrisk.algorithms.base import Algorithm, ClientResult, FedInfo, LocalData, RoundContext, RoundPlan, sample_clients
-from fedrisk.algorithms.pairwise import SCORES, SingleClassClientWarning, scatter_rows
+from fedrisk.algorithms.pairwise import SCORES, SingleClassClientWarning, scatter_last
 from fedrisk.autodiff import value_and_grad
 from fedrisk.errors import FedriskError, check_range, unknown_name
 from fedrisk.objectives.auc import single_output
@@ -376,7 +376,7 @@ class FeDXL2NDCG(Algorithm):
                 return total, (a.detach(), a.detach(), u_new.detach(), value)
 
             (_, (a, b, u_new, value)), grads = value_and_grad(objective, has_aux=True)(params)
-            u = scatter_rows(u, rank[k], torch.where(has_rel, u_new, u_rows))
+            u = scatter_last(u, rank[k], torch.where(has_rel, u_new, u_rows))
             G = {n: (1 - beta) * G[n] + beta * grads[n] for n in names}
             params = {n: params[n] - lr * G[n] for n in names}
             out_a.append(a)

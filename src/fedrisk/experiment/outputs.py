@@ -254,8 +254,10 @@ def load_run(path: str | Path) -> RunData:
 
 def _tune_trial(run: Path, top: Path) -> bool:
     """Whether ``run`` is a trial of a ``fedrisk tune`` study below ``top`` (``STUDY/trials/<n>``)."""
+    from fedrisk.experiment.tune_storage import has_study
+
     study = run.parent.parent
-    if run.parent.name != "trials" or not (study / "study.db").is_file():
+    if run.parent.name != "trials" or not has_study(study):
         return False
     return top.resolve() not in (study.resolve(), run.parent.resolve())
 

@@ -244,7 +244,7 @@ class Run(Section):
 
 class Output(Section):
     dir: str = key("", 'the run directory; "" = runs/<config file name>', semantic=False)
-    plots: bool = key(True, "write PNG plots at the end of the run", semantic=False)
+    plots: bool = key(True, "write PNG plots at the end of the run (and `fedrisk tune`'s history.png)", semantic=False)
     tensorboard: bool = key(
         False,
         "also log every evaluation and the config to TensorBoard event files in DIR/tensorboard "
