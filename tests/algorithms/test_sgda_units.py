@@ -9,9 +9,11 @@ import math
 import pytest
 import torch
 
-from fedrisk.algorithms.fessgda import FESSGDA
-from fedrisk.algorithms.sgda import FSGDA, LocalSGDA, quadratic_matrix
+from fedrisk.algorithms.base import LocalData
+from fedrisk.algorithms.fessgda import FESSGDA, FESSGDARegularized
+from fedrisk.algorithms.sgda import FSGDA, LocalSGDA, LocalSGDAPlus, quadratic_matrix
 from fedrisk.data.federation import Federation, Samples
+from fedrisk.errors import FedriskError
 from fedrisk.models import FunctionalModel, build_model
 
 F64 = torch.float64
@@ -63,3 +65,185 @@ def test_fair_games_report_the_largest_dual_weight() -> None:
     alg = LocalSGDA(model=FunctionalModel(build_model("logreg", (1,), 2)))
     state = {"x": alg.model.init_params(dtype=F64), "y": torch.tensor([0.2, 0.8], dtype=F64)}
     assert alg.state_metrics(state, fed) == {"dual_max": pytest.approx(0.8)}
+
+
+# -- bad input: every hyper-parameter named with its allowed range, and the boundary accepted ----
+def vector(d: int = 2) -> FunctionalModel:
+    return FunctionalModel(build_model("vector", (d,), 2, init=0.0))
+
+
+@pytest.mark.parametrize(
+    ("cls", "kw", "message"),
+    [
+        (LocalSGDA, {"lr": 0.0}, "lr = 0.0 is out of range; allowed: (0.0, inf)"),
+        (LocalSGDA, {"lr_dual": -1.0}, "lr_dual = -1.0 is out of range; allowed: (0.0, inf)"),
+        (LocalSGDA, {"local_steps": 0}, "local_steps = 0 is out of range; allowed: [1, inf)"),
+        (LocalSGDA, {"batch_size": 0}, "batch_size = 0 is out of range; allowed: [1, inf)"),
+        (LocalSGDA, {"clients_per_round": 0}, "clients_per_round = 0 is out of range; allowed: [1, inf)"),
+        (LocalSGDA, {"sampling": "sorted"}, "unknown sampling 'sorted'. Valid choices: shuffle, with_replacement"),
+        (LocalSGDA, {"game": "chess"},
+         "unknown game 'chess'. Valid choices: fair_class, fair_group, gan, quadratic, wgan"),
+        (LocalSGDA, {"dual_set": "sphere"}, "unknown dual_set 'sphere'. Valid choices: auto, ball, box, none, simplex"),
+        (LocalSGDA, {"dual_radius": 0.0}, "dual_radius = 0.0 is out of range; allowed: (0.0, inf)"),
+        (LocalSGDA, {"dual_low": 0.5, "dual_high": 0.25}, "dual_low = 0.5 must be <= dual_high = 0.25"),
+        (LocalSGDA, {"noise_dim": -1}, "noise_dim = -1 is out of range; allowed: [0, inf)"),
+        (LocalSGDA, {"dual_dim": 0}, "dual_dim = 0 is out of range; allowed: [1, inf)"),
+        (LocalSGDA, {"wgan_lambda": -0.5}, "wgan_lambda = -0.5 is out of range; allowed: [0.0, inf)"),
+        (LocalSGDA, {"quadratic_mu": 0.0}, "quadratic_mu = 0.0 is out of range; allowed: (0.0, inf)"),
+        (LocalSGDA, {"game": "gan"}, "game 'gan' draws generator noise: set noise_dim >= 1 (the generator's input)"),
+        (LocalSGDA, {"game": "gan", "noise_dim": 1, "stationarity": True},
+         "stationarity is computed for the vector games only; set stationarity = false"),
+        (LocalSGDA, {"dual_model": vector()},
+         "dual_model is for network games (a registered game or objective_fn=); game 'fair_class' has a vector y; "
+         "allowed games with a dual model: gan"),
+        (FSGDA, {"global_lr": 0.0}, "global_lr = 0.0 is out of range; allowed: (0.0, inf)"),
+        (FSGDA, {"global_lr_dual": -2.0}, "global_lr_dual = -2.0 is out of range; allowed: (0.0, inf)"),
+        (LocalSGDAPlus, {"snapshot_period": 0}, "snapshot_period = 0 is out of range; allowed: [1, inf)"),
+        (FESSGDA, {"smoothing": -0.1}, "smoothing = -0.1 is out of range; allowed: [0.0, inf)"),
+        (FESSGDA, {"beta": 0.0}, "beta = 0.0 is out of range; allowed: (0.0, 1.0]"),
+        (FESSGDA, {"beta": 1.5}, "beta = 1.5 is out of range; allowed: (0.0, 1.0]"),
+        (FESSGDARegularized, {"epsilon": 0.0}, "epsilon = 0.0 is out of range; allowed: (0.0, inf)"),
+        (FESSGDARegularized, {"dual_diameter": 0.0}, "dual_diameter = 0.0 is out of range; allowed: (0.0, inf)"),
+        (FESSGDARegularized, {"game": "wgan"},
+         "fessgda_ncc: game 'wgan' has an unbounded Y; give dual_diameter (D(Y) of Theorem 3.3)"),
+    ],
+)  # fmt: skip
+def test_a_bad_hyper_parameter_is_named_with_what_is_allowed(cls: type, kw: dict, message: str) -> None:
+    with pytest.raises(FedriskError) as err:
+        cls(model=vector(), **kw)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize(
+    ("cls", "kw"),
+    [
+        (LocalSGDA, {"local_steps": 1, "batch_size": 1, "clients_per_round": 1, "noise_dim": 0, "dual_dim": 1}),
+        (LocalSGDA, {"dual_set": "box", "dual_low": 0.5, "dual_high": 0.5, "wgan_lambda": 0.0}),
+        (LocalSGDA, {"game": "gan", "noise_dim": 1}),
+        (LocalSGDA, {"game": "no such game", "objective_fn": lambda x, y, batch: 0.0}),
+        (LocalSGDAPlus, {"snapshot_period": 1}),
+        (FESSGDA, {"smoothing": 0.0, "beta": 1.0}),
+        (FESSGDARegularized, {"game": "wgan", "dual_diameter": 2.0}),
+    ],
+)
+def test_the_boundary_values_are_accepted(cls: type, kw: dict) -> None:
+    cls(model=vector(), **kw)
+
+
+# -- the fair games by hand: a linear model's softmax cross-entropy, class-weighted --------------
+C, FEATURES = 3, 4
+
+
+def fair_rows(seed: int, n: int, dtype: torch.dtype = F64) -> Samples:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, FEATURES, generator=g, dtype=F64)
+    labels = torch.tensor([k % C for k in range(n)])
+    return Samples(x.to(dtype), labels, {"group": torch.tensor([(k // 2) % C for k in range(n)])})
+
+
+def linear_params(seed: int = 7) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"linear.weight": torch.randn(C, FEATURES, generator=g, dtype=F64),
+            "linear.bias": torch.randn(C, generator=g, dtype=F64)}  # fmt: skip
+
+
+def hand_fair_loss(w: dict, rows: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor, y: torch.Tensor):
+    """Σ_c y_c F̂_c, F̂_c the mean cross-entropy of the rows of group c (0 for an absent group)."""
+    out = rows.to(F64) @ w["linear.weight"].T + w["linear.bias"]
+    ce = torch.logsumexp(out, 1) - out[torch.arange(len(rows)), labels]
+    f = [ce[groups == c].mean() if bool((groups == c).any()) else torch.zeros((), dtype=F64) for c in range(C)]
+    return sum(y[c] * f[c] for c in range(C))
+
+
+def simplex_by_bisection(v: torch.Tensor) -> torch.Tensor:
+    """P onto {y >= 0, Σ y = 1}: max(v − θ, 0) with Σ max(v − θ, 0) = 1, θ by bisection."""
+    lo, hi = float(v.min()) - 1.0, float(v.max())
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if float(torch.clamp(v - mid, min=0).sum()) > 1 else (lo, mid)
+    return torch.clamp(v - (lo + hi) / 2, min=0)
+
+
+@pytest.mark.parametrize(
+    ("dual_set", "game", "project"),
+    [
+        ("auto", "fair_class", simplex_by_bisection),
+        ("auto", "fair_group", simplex_by_bisection),
+        ("none", "fair_class", lambda v: v),
+        ("box", "fair_class", lambda v: torch.clamp(v, 0.25, 0.45)),
+    ],
+)
+def test_stationarity_measures_are_the_full_batch_gradient_and_the_projected_dual_step(dual_set, game, project) -> None:
+    """Def. 2.1 (l = 1) at an interior y: ||∇_x f|| and ||P_Y(y + ∇_y f) − y||, f = (1/M) Σ_i f_i over
+    every row; float32 client rows are read in the state's float64."""
+    clients = [fair_rows(1, 5, torch.float32), fair_rows(2, 9, torch.float32)]
+    fed = Federation("fair", clients, C)
+    alg = LocalSGDA(model=FunctionalModel(build_model("logreg", (FEATURES,), C)), game=game, dual_dim=C,
+                    dual_set=dual_set, dual_low=0.25, dual_high=0.45, stationarity=True)  # fmt: skip
+    w, y = linear_params(), torch.tensor([0.5, 0.3, 0.2], dtype=F64)
+    got = alg.state_metrics({"x": w, "y": y}, fed)
+    wv = {k: v.clone().requires_grad_() for k, v in w.items()}
+    yv = y.clone().requires_grad_()
+    f = sum(hand_fair_loss(wv, c.x, c.y, c.y if game == "fair_class" else c.attrs["group"], yv) for c in clients) / 2
+    gw, gb, gy = torch.autograd.grad(f, [wv["linear.weight"], wv["linear.bias"], yv])
+    want_x = math.sqrt(float((gw**2).sum() + (gb**2).sum()))
+    want_y = float((project(y + gy) - y).norm())
+    assert want_y > 1e-3  # the dual step is not vacuous
+    assert got["stationarity_x"] == pytest.approx(want_x, rel=1e-12)
+    assert got["stationarity_y"] == pytest.approx(want_y, rel=1e-12)
+    assert got["dual_max"] == 0.5
+
+
+# -- FESSGDARegularized's dual pull −(ε/(2D))(y − y_0), value − (ε/(4D))||y − y_0||² -----------
+def local_data(s: Samples) -> LocalData:
+    return LocalData(s.x, s.y, torch.tensor(len(s)), dict(s.attrs))
+
+
+@pytest.mark.parametrize(("dual_set", "diameter", "y0"), [("auto", None, 1 / C), ("box", 2.5, 0.0)])
+def test_the_regularised_gradients_pull_y_towards_its_start(dual_set, diameter, y0) -> None:
+    """y_0 is the uniform point of the simplex (D = √2 by default), 0 on a box."""
+    eps = 0.6
+    model = FunctionalModel(build_model("logreg", (FEATURES,), C))
+    alg = FESSGDARegularized(model=model, game="fair_class", epsilon=eps, dual_diameter=diameter, dual_set=dual_set)
+    reg = eps / (2 * (math.sqrt(2) if diameter is None else diameter))
+    rows = fair_rows(3, 7)
+    idx = torch.tensor([0, 2, 3, 5, 6])
+    w, y = linear_params(), torch.tensor([0.6, 0.1, 0.3], dtype=F64)
+    value, gx, gy = alg.gradients(w, y, local_data(rows), idx)
+    wv, yv = {k: v.clone().requires_grad_() for k, v in w.items()}, y.clone().requires_grad_()
+    f = hand_fair_loss(wv, rows.x[idx], rows.y[idx], rows.y[idx], yv)
+    want_gw, want_gb, want_gy = torch.autograd.grad(f, [wv["linear.weight"], wv["linear.bias"], yv])
+    close = {"rtol": 1e-12, "atol": 1e-14}
+    torch.testing.assert_close(value, f.detach() - 0.5 * reg * ((y - y0) ** 2).sum(), **close)
+    torch.testing.assert_close(gx["linear.weight"], want_gw, **close)
+    torch.testing.assert_close(gx["linear.bias"], want_gb, **close)
+    torch.testing.assert_close(gy, want_gy - reg * (y - y0), **close)
+
+
+def noisy_game(x: dict, y: dict, batch) -> torch.Tensor:
+    """f = Σ_k y_k (x_k + mean_b noise_bk) − ½||x||²: ∇_y f = x + mean noise, ∇_x f = y − x."""
+    return (y["x"] * (x["x"] + batch.noise.mean(0))).sum() - 0.5 * (x["x"] ** 2).sum()
+
+
+@pytest.mark.parametrize(("dual_set", "diameter", "y0"), [("simplex", None, 1 / 3), ("box", 0.5, 0.0)])
+def test_the_regularised_pull_on_a_network_dual_with_noise(dual_set, diameter, y0) -> None:
+    """A network dual's y_0: 1/(its number of parameters) on the simplex, 0 otherwise; the
+    game's noise reaches the objective."""
+    from fedrisk.objectives.adversarial import MinimaxGame
+
+    eps = 0.3
+    vec = FunctionalModel(build_model("vector", (2,), 3, init=0.0))
+    alg = FESSGDARegularized(model=vec, dual_model=vec, objective_fn=MinimaxGame(noisy_game, noise=True), noise_dim=3,
+                             epsilon=eps, dual_diameter=diameter, dual_set=dual_set)  # fmt: skip
+    reg = eps / (2 * (math.sqrt(2) if diameter is None else diameter))
+    x = {"x": torch.tensor([0.2, -0.4, 0.9], dtype=F64)}
+    y = {"x": torch.tensor([0.5, 0.2, 0.3], dtype=F64)}
+    noise = torch.tensor([[0.1, 0.7, -0.3], [0.5, -0.1, 0.1]], dtype=F64)
+    data = LocalData(torch.zeros(4, 2, dtype=F64), torch.zeros(4, dtype=F64), torch.tensor(4))
+    value, gx, gy = alg.gradients(x, y, data, torch.tensor([1, 3]), noise)
+    m = noise.mean(0)
+    f = float((y["x"] * (x["x"] + m)).sum() - 0.5 * (x["x"] ** 2).sum())
+    close = {"rtol": 1e-12, "atol": 1e-14}
+    assert float(value) == pytest.approx(f - 0.5 * reg * float(((y["x"] - y0) ** 2).sum()), rel=1e-12)
+    torch.testing.assert_close(gx["x"], y["x"] - x["x"], **close)
+    torch.testing.assert_close(gy["x"], x["x"] + m - reg * (y["x"] - y0), **close)
