@@ -247,3 +247,65 @@ def test_the_regularised_pull_on_a_network_dual_with_noise(dual_set, diameter, y
     assert float(value) == pytest.approx(f - 0.5 * reg * float(((y["x"] - y0) ** 2).sum()), rel=1e-12)
     torch.testing.assert_close(gx["x"], y["x"] - x["x"], **close)
     torch.testing.assert_close(gy["x"], x["x"] + m - reg * (y["x"] - y0), **close)
+
+
+# -- the game metrics: which game reports what ---------------------------------------------------
+def test_a_network_game_reports_its_own_metrics_or_none() -> None:
+    from fedrisk.objectives.adversarial import MinimaxGame
+
+    vec = FunctionalModel(build_model("vector", (2,), 3, init=0.0))
+    x, y = {"x": torch.tensor([1.0, 2.0, 3.0])}, {"x": torch.tensor([0.5, -0.25, 4.0])}
+    fed = wgan_fed(None)
+    silent = LocalSGDA(model=vec, dual_model=vec, objective_fn=MinimaxGame(noisy_game))
+    assert silent.state_metrics({"x": x, "y": y}, fed) == {}
+
+    def metrics(xp, yp, federation, alg):
+        return {"sum_xy": float((xp["x"] * yp["x"]).sum()), "clients": len(federation.clients)}
+
+    game = MinimaxGame(noisy_game, metrics=metrics)
+    assert LocalSGDA(model=vec, dual_model=vec, objective_fn=game).state_metrics({"x": x, "y": y}, fed) == {
+        "sum_xy": 0.5 - 0.5 + 12.0,
+        "clients": 1,
+    }
+
+
+def test_generator_error_needs_the_wgan_game_and_the_affine_generator() -> None:
+    """Another generator in the WGAN, or μ/σ-named parameters in a fair game: no generator_error
+    (the dual's largest weight instead)."""
+    fed = wgan_fed({"target_mu": 0.4, "target_sigma": 0.25})
+    phi = torch.tensor([0.3, -0.7], dtype=F64)
+    mlp = FunctionalModel(build_model("vector", (1,), 2, init=0.0))
+    other = LocalSGDA(model=mlp, game="wgan").state_metrics({"x": {"x": torch.ones(2)}, "y": phi}, fed)
+    assert other == {"dual_max": pytest.approx(0.3)}
+    state = wgan_state(1.5, -0.5)
+    state["y"] = torch.tensor([0.25, 0.75], dtype=F64)
+    assert LocalSGDA(model=affine(), game="fair_class").state_metrics(state, fed) == {"dual_max": 0.75}
+
+
+@pytest.mark.parametrize(("state_dtype", "rel"), [(F64, 1e-12), (torch.float32, 1e-5)])
+def test_grad_phi_norm_reads_float32_rows_in_the_state_dtype(state_dtype: torch.dtype, rel: float) -> None:
+    d1, d2, c, mu = 2, 3, 0.8, 1.7
+    rows = [torch.tensor([[0.1, 0.7, -0.3], [0.3, 0.2, 0.9]]), torch.tensor([[1.1, -0.6, 0.05]])]  # float32
+    fed = Federation("quad", [Samples(r, torch.zeros(len(r), dtype=torch.long)) for r in rows], 1)
+    model = FunctionalModel(build_model("vector", (d2,), d1, init=0.0))
+    alg = LocalSGDA(model=model, game="quadratic", dual_dim=d2, quadratic_curvature=c, quadratic_mu=mu)
+    x = torch.tensor([0.4, -0.9], dtype=F64)
+    got = alg.state_metrics({"x": {"x": x.to(state_dtype)}, "y": torch.zeros(d2, dtype=state_dtype)}, fed)
+    a = quadratic_matrix(0, d2, d1, F64)
+    b = sum(r.to(F64).mean(0) for r in rows) / 2
+    grad = -c * torch.sin(x) + a.T @ (a @ x + b) / mu
+    assert got["grad_phi_norm"] == pytest.approx(float(grad.norm()), rel=rel)
+
+
+def test_worst_group_accuracy_only_for_the_group_game_on_float32_test_rows() -> None:
+    test = fair_rows(4, 12, torch.float32)
+    fed = Federation("fair", [fair_rows(1, 5)], C, test=test)
+    model = FunctionalModel(build_model("logreg", (FEATURES,), C))
+    w, y = linear_params(), torch.tensor([0.2, 0.5, 0.3], dtype=F64)
+    got = LocalSGDA(model=model, game="fair_group", dual_dim=C).state_metrics({"x": w, "y": y}, fed)
+    pred = (test.x.to(F64) @ w["linear.weight"].T + w["linear.bias"]).argmax(1)
+    groups = test.attrs["group"]
+    accuracy = [float((pred[groups == g] == test.y[groups == g]).double().mean()) for g in range(C)]
+    assert got == {"dual_max": 0.5, "test_worst_group_accuracy": pytest.approx(min(accuracy), rel=1e-15)}
+    assert len(set(accuracy)) > 1  # the groups differ: the minimum is the point
+    assert LocalSGDA(model=model, game="fair_class").state_metrics({"x": w, "y": y}, fed) == {"dual_max": 0.5}
