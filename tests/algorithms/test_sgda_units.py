@@ -309,3 +309,22 @@ def test_worst_group_accuracy_only_for_the_group_game_on_float32_test_rows() -> 
     assert got == {"dual_max": 0.5, "test_worst_group_accuracy": pytest.approx(min(accuracy), rel=1e-15)}
     assert len(set(accuracy)) > 1  # the groups differ: the minimum is the point
     assert LocalSGDA(model=model, game="fair_class").state_metrics({"x": w, "y": y}, fed) == {"dual_max": 0.5}
+
+
+def test_a_network_duals_start_follows_the_runs_seed() -> None:
+    """y_0 is the dual model's initialisation drawn from the server's seeded generator: FESS-GDA
+    (which adds z to the state) starts where FSGDA does, and another seed starts elsewhere."""
+    from fedrisk.runtime.simulation import Simulation
+
+    def game(x, y, batch):
+        return batch.dual_model(y, batch.inputs).mean() * (x["x"] ** 2).sum()
+
+    kw = {"model": FunctionalModel(build_model("vector", (1,), 2, init=0.5)), "objective_fn": game,
+          "dual_model": FunctionalModel(build_model("logreg", (1,), 1))}  # fmt: skip
+    fed = wgan_fed(None)
+    starts = {(cls, seed): Simulation(cls(**kw), fed, seed=seed).server_state["y"] for cls in (FSGDA, FESSGDA)
+              for seed in (0, 1)}  # fmt: skip
+    for seed in (0, 1):
+        for name, leaf in starts[FSGDA, seed].items():
+            assert torch.equal(starts[FESSGDA, seed][name], leaf)
+    assert not torch.equal(starts[FESSGDA, 0]["linear.weight"], starts[FESSGDA, 1]["linear.weight"])

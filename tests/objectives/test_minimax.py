@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from fedrisk.errors import FedriskError
 from fedrisk.objectives.minimax import (
     group_losses,
     make_projection,
+    per_sample_cross_entropy,
     project_ball,
     project_box,
     project_simplex,
@@ -193,3 +195,20 @@ def test_wgan_phi_with_nonzero_targets_by_hand() -> None:
     a = sum(r - f for r, f in zip(real, fake)) / len(z)
     b = sum(r * r - f * f for r, f in zip(real, fake)) / len(z)
     assert wgan_phi(mu, sigma, z, t_mu, t_sigma, lam) == pytest.approx((a * a + b * b) / (4 * lam), rel=1e-12)
+
+
+def test_per_sample_cross_entropy_by_hand() -> None:
+    """Softmax cross-entropy log Σ_c e^{o_c} − o_y per row (also for a batch of one row); a
+    binary logit s ([B] or [B, 1]) gives log(1 + e^s) − y s."""
+    out = [[0.2, -1.0, 2.5], [1.5, 0.3, -0.7]]
+    labels = [2, 0]
+    want = [math.log(sum(math.exp(o) for o in row)) - row[y] for row, y in zip(out, labels)]
+    got = per_sample_cross_entropy(torch.tensor(out, dtype=F64), torch.tensor(labels))
+    torch.testing.assert_close(got, torch.tensor(want, dtype=F64), rtol=1e-14, atol=0)
+    one = per_sample_cross_entropy(torch.tensor(out[1:], dtype=F64), torch.tensor(labels[1:]))
+    torch.testing.assert_close(one, torch.tensor(want[1:], dtype=F64), rtol=1e-14, atol=0)
+    logits, y = [0.4, -1.2, 2.0], [1, 0, 1]
+    want = torch.tensor([math.log1p(math.exp(s)) - t * s for s, t in zip(logits, y)], dtype=F64)
+    for shape in ((3,), (3, 1)):
+        got = per_sample_cross_entropy(torch.tensor(logits, dtype=F64).reshape(shape), torch.tensor(y).reshape(shape))
+        torch.testing.assert_close(got, want, rtol=1e-14, atol=0)
