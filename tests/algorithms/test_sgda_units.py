@@ -328,3 +328,35 @@ def test_a_network_duals_start_follows_the_runs_seed() -> None:
         for name, leaf in starts[FSGDA, seed].items():
             assert torch.equal(starts[FESSGDA, seed][name], leaf)
     assert not torch.equal(starts[FESSGDA, 0]["linear.weight"], starts[FESSGDA, 1]["linear.weight"])
+
+
+def test_the_wgan_objective_of_any_generator_by_hand() -> None:
+    """f = mean D_φ(real) − mean D_φ(G(z)) − λ||φ||², D_φ(t) = φ₁ t + φ₂ t² (§4.1), on the rows idx."""
+    lam = 0.03
+    alg = LocalSGDA(model=affine(), game="wgan", wgan_lambda=lam)
+    z = torch.tensor([[0.3], [-1.2], [0.8], [2.0]], dtype=F64)
+    real = torch.tensor([0.11, -0.2, 0.35, 0.07], dtype=F64)
+    data = LocalData(z, real, torch.tensor(4))
+    idx = torch.tensor([3, 0, 2])
+    mu, sigma, phi = 0.4, 1.3, torch.tensor([0.7, -0.45], dtype=F64)
+    x = {"mu": torch.tensor(mu, dtype=F64), "sigma": torch.tensor(sigma, dtype=F64)}
+
+    def d(t: float) -> float:
+        return float(phi[0]) * t + float(phi[1]) * t * t
+
+    r = [float(real[i]) for i in idx]
+    g = [mu + sigma * float(z[i, 0]) for i in idx]
+    want = sum(map(d, r)) / 3 - sum(map(d, g)) / 3 - lam * float(phi @ phi)
+    assert float(alg.objective(x, phi, data, idx)) == pytest.approx(want, rel=1e-13)
+
+
+def test_a_missing_dual_dim_names_what_it_should_be() -> None:
+    from fedrisk.algorithms.base import FedInfo
+
+    info = FedInfo(2, (3, 3), 2)
+    with pytest.raises(FedriskError) as err:
+        LocalSGDA(model=vector(), game="fair_group", group_attr="sex").check(info)
+    assert str(err.value) == "game 'fair_group' needs dual_dim (the number of groups of attribute 'sex')"
+    with pytest.raises(FedriskError) as err:
+        LocalSGDA(model=vector(), game="quadratic").check(info)
+    assert str(err.value) == "game 'quadratic' needs dual_dim (d2)"
