@@ -360,3 +360,118 @@ def test_a_missing_dual_dim_names_what_it_should_be() -> None:
     with pytest.raises(FedriskError) as err:
         LocalSGDA(model=vector(), game="quadratic").check(info)
     assert str(err.value) == "game 'quadratic' needs dual_dim (d2)"
+
+
+# -- the gradients: the affine WGAN's closed form only there, autograd elsewhere -----------------
+def test_the_wgan_gradients_of_another_generator_by_hand() -> None:
+    """G(z) = w z + b (a linear layer, not the affine generator): ∂f/∂w = −mean D'(g) z,
+    ∂f/∂b = −mean D'(g), ∇_φ f = (mean(r − g), mean(r² − g²)) − 2λφ, D'(t) = φ₁ + 2φ₂ t."""
+    lam = 0.05
+    alg = LocalSGDA(model=FunctionalModel(build_model("logreg", (1,), 1)), game="wgan", wgan_lambda=lam)
+    z = torch.tensor([[0.3], [-1.2], [0.8], [2.0]], dtype=F64)
+    real = torch.tensor([0.11, -0.2, 0.35, 0.07], dtype=F64)
+    idx = torch.tensor([1, 3, 0])
+    w, b, phi = 0.9, -0.3, torch.tensor([0.6, 0.25], dtype=F64)
+    x = {"linear.weight": torch.tensor([[w]], dtype=F64), "linear.bias": torch.tensor([b], dtype=F64)}
+    value, gx, gy = alg.gradients(x, phi, LocalData(z, real, torch.tensor(4)), idx)
+    zs, rs = [float(z[i, 0]) for i in idx], [float(real[i]) for i in idx]
+    gs = [w * u + b for u in zs]
+    p1, p2 = float(phi[0]), float(phi[1])
+    slope = [p1 + 2 * p2 * g for g in gs]
+    close = {"rtol": 1e-13, "atol": 1e-15}
+    torch.testing.assert_close(gx["linear.weight"], torch.tensor([[-sum(s * u for s, u in zip(slope, zs)) / 3]],
+                                                                 dtype=F64), **close)  # fmt: skip
+    torch.testing.assert_close(gx["linear.bias"], torch.tensor([-sum(slope) / 3], dtype=F64), **close)
+    want_phi = [sum(r - g for r, g in zip(rs, gs)) / 3 - 2 * lam * p1,
+                sum(r * r - g * g for r, g in zip(rs, gs)) / 3 - 2 * lam * p2]  # fmt: skip
+    torch.testing.assert_close(gy, torch.tensor(want_phi, dtype=F64), **close)
+    d = [p1 * t + p2 * t * t for t in (*rs, *gs)]
+    assert float(value) == pytest.approx(sum(d[:3]) / 3 - sum(d[3:]) / 3 - lam * (p1 * p1 + p2 * p2), rel=1e-13)
+
+
+class ShiftScale(torch.nn.Module):
+    """out = mu + sigma ⊙ inputs[:, :C]: parameters named like the affine generator's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mu = torch.nn.Parameter(torch.zeros(C))
+        self.sigma = torch.nn.Parameter(torch.ones(C))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.mu + self.sigma * inputs[:, :C]
+
+
+def test_a_fair_game_whose_parameters_are_named_mu_and_sigma_takes_its_own_gradient() -> None:
+    """The WGAN closed form is for the WGAN game only, not for any model with μ and σ."""
+    alg = LocalSGDA(model=FunctionalModel(ShiftScale()), game="fair_class")
+    rows = fair_rows(5, 6)
+    mu, sigma = torch.tensor([0.2, -0.5, 0.1], dtype=F64), torch.tensor([1.5, 0.7, -0.4], dtype=F64)
+    y, idx = torch.tensor([0.5, 0.3, 0.2], dtype=F64), torch.tensor([0, 1, 2, 4])
+    value, gx, gy = alg.gradients({"mu": mu, "sigma": sigma}, y, local_data(rows), idx)
+    m, s, yv = mu.clone().requires_grad_(), sigma.clone().requires_grad_(), y.clone().requires_grad_()
+    out = m + s * rows.x[idx, :C]
+    ce = torch.logsumexp(out, 1) - out[torch.arange(len(idx)), rows.y[idx]]
+    f = sum(yv[c] * ce[rows.y[idx] == c].mean() for c in range(C))
+    want = torch.autograd.grad(f, [m, s, yv])
+    close = {"rtol": 1e-12, "atol": 1e-14}
+    torch.testing.assert_close(value, f.detach(), **close)
+    torch.testing.assert_close(gx["mu"], want[0], **close)
+    torch.testing.assert_close(gx["sigma"], want[1], **close)
+    torch.testing.assert_close(gy, want[2], **close)
+
+
+# -- the "+" variants' snapshot gradient with a game's noise; the client's loss ------------------
+def test_the_plus_variants_dual_step_takes_the_snapshot_and_the_steps_noise() -> None:
+    """Local SGDA+ on f = Σ y_k (x_k + mean_b noise_bk) − ½||x||²: K = 3 steps of
+    x ← x − η(y − x), y ← y + η_y (x̂ + mean noise_t) (∇_y at the snapshot x̂, with step t's noise);
+    the reported loss is the mean of f(x_t, y_t; noise_t) over the steps."""
+    from fedrisk.algorithms.base import FedInfo, RoundContext
+    from fedrisk.objectives.adversarial import MinimaxGame
+
+    vec = FunctionalModel(build_model("vector", (2,), 3, init=0.0))
+    lr, lr_y, k = 0.2, 0.3, 3
+    alg = LocalSGDAPlus(model=vec, dual_model=vec, objective_fn=MinimaxGame(noisy_game, noise=True), noise_dim=3,
+                        lr=lr, lr_dual=lr_y, local_steps=k, batch_size=2, snapshot_period=4)  # fmt: skip
+    g = torch.Generator().manual_seed(11)
+    noise = torch.randn(k, 2, 3, generator=g, dtype=F64)
+    draws = {"batches": torch.tensor([[0, 1], [2, 3], [1, 1]]), "noise": noise}
+    x, y, snap = (torch.randn(3, generator=g, dtype=F64) for _ in range(3))
+    payload = {"x": {"x": x}, "y": {"x": y}, "snapshot": {"x": snap}}
+    data = LocalData(torch.zeros(4, 2, dtype=F64), torch.zeros(4, dtype=F64), torch.tensor(4))
+    out = alg.client_update(RoundContext(0, FedInfo(1, (4,), 1)), payload, None, data, draws)
+    losses = []
+    for t in range(k):
+        m = noise[t].mean(0)
+        losses.append(float((y * (x + m)).sum() - 0.5 * (x * x).sum()))
+        x, y = x - lr * (y - x), y + lr_y * (snap + m)
+    close = {"rtol": 1e-13, "atol": 1e-15}
+    torch.testing.assert_close(out.reply["x"]["x"], x, **close)
+    torch.testing.assert_close(out.reply["y"]["x"], y, **close)
+    assert sorted(out.metrics) == ["loss"]
+    assert float(out.metrics["loss"]) == pytest.approx(sum(losses) / k, rel=1e-13)
+
+
+# -- a diverging server state names the variable ----------------------------------------------
+def test_a_diverging_dual_or_anchor_is_named_in_full() -> None:
+    """y overflows in the server step (a client's inf), or z alone overflows (x finite, z far
+    away, p = 0): the message names the variable, the round and what to do."""
+    from fedrisk.aggregators.base import InMemoryReplies
+    from fedrisk.algorithms.base import FedInfo, RoundContext, RoundPlan
+
+    alg = FESSGDA(model=FunctionalModel(build_model("vector", (2,), 2, init=0.0)), game="quadratic", dual_dim=2,
+                  smoothing=0.0, beta=0.5)  # fmt: skip
+    ctx = RoundContext(3, FedInfo(1, (4,), 1))
+    big = torch.full((2,), 1e308, dtype=F64)
+    cases = [
+        ({"x": {"x": torch.zeros(2)}, "y": torch.zeros(2), "z": {"x": torch.zeros(2)}},
+         {"x": {"x": torch.ones(2)}, "y": torch.tensor([float("inf"), 0.0])}, "y (dual)"),
+        ({"x": {"x": big}, "y": torch.zeros(2, dtype=F64), "z": {"x": -big}},
+         {"x": {"x": big}, "y": torch.zeros(2, dtype=F64)}, "z (smoothing anchor)"),
+    ]  # fmt: skip
+    for state, reply, label in cases:
+        with pytest.raises(FedriskError) as err:
+            alg.aggregate(ctx, state, RoundPlan([0]), InMemoryReplies({0: reply}), torch.Generator())
+        assert str(err.value) == (
+            f"fessgda diverged in round 3: {label} became NaN/inf; lower the learning rates "
+            "(the last good checkpoint is kept)"
+        )
