@@ -475,3 +475,17 @@ def test_a_diverging_dual_or_anchor_is_named_in_full() -> None:
             f"fessgda diverged in round 3: {label} became NaN/inf; lower the learning rates "
             "(the last good checkpoint is kept)"
         )
+
+
+def test_init_dual_without_a_generator_draws_a_network_dual_from_a_fresh_one() -> None:
+    """Called without ``gen`` (outside a simulation), a network dual's y_0 comes from a fresh
+    default generator: the same start every call, projected onto Y."""
+    model = FunctionalModel(build_model("logreg", (3,), 2))
+    alg = LocalSGDA(model=model, dual_model=model, objective_fn=noisy_game, dual_set="box", dual_low=0.0,
+                    dual_high=0.1)  # fmt: skip
+    like = torch.zeros(1, dtype=F64)
+    a, b = alg.init_dual(wgan_fed(None), like), alg.init_dual(wgan_fed(None), like)
+    want = model.init_params(torch.Generator(), dtype=F64)
+    for name, leaf in want.items():
+        assert torch.equal(a[name], b[name])
+        torch.testing.assert_close(a[name], leaf.clamp(0.0, 0.1), rtol=0, atol=0)
