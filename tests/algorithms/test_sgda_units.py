@@ -489,3 +489,30 @@ def test_init_dual_without_a_generator_draws_a_network_dual_from_a_fresh_one() -
     for name, leaf in want.items():
         assert torch.equal(a[name], b[name])
         torch.testing.assert_close(a[name], leaf.clamp(0.0, 0.1), rtol=0, atol=0)
+
+
+def test_shuffle_sampling_reaches_the_draws() -> None:
+    """``sampling = "shuffle"``: K·B = n rows drawn as one permutation (every row once)."""
+    from fedrisk.rng import client_generator
+
+    alg = LocalSGDA(model=vector(), local_steps=3, batch_size=4, sampling="shuffle")
+    batches = alg.draw(None, 0, 12, client_generator(5, round=0, client=0))["batches"]
+    assert batches.shape == (3, 4)
+    assert sorted(batches.flatten().tolist()) == list(range(12))
+
+
+def test_the_messages_list_every_attribute_and_every_network_game(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedrisk.algorithms.base import FedInfo
+    from fedrisk.objectives.adversarial import GAME_REGISTRY
+
+    alg = LocalSGDA(model=vector(), game="fair_group", dual_dim=2)
+    rows = torch.zeros(3, 2)
+    for attrs, listed in (({"site": torch.zeros(3), "age": torch.ones(3)}, "age, site"), ({}, "(none)")):
+        with pytest.raises(FedriskError) as err:
+            alg.check_data(FedInfo(1, (3,), 2), [LocalData(rows, torch.zeros(3), torch.tensor(3), attrs)])
+        assert str(err.value) == (
+            f"game 'fair_group': the data has no attribute 'group'; attributes: {listed} (set group_attr)"
+        )
+    monkeypatch.setattr(GAME_REGISTRY, "_entries", {**GAME_REGISTRY._entries, "duel": GAME_REGISTRY._entries["gan"]})
+    with pytest.raises(FedriskError, match=r"allowed games with a dual model: duel, gan$"):
+        LocalSGDA(model=vector(), dual_model=vector())
