@@ -11,9 +11,10 @@ statistics.  It draws its minibatches from the same indices as fedrisk's FedAvg,
 compute the same round (their final parameters are compared).
 
 Prints the median wall and process-CPU seconds per round (rounds after the warm-up), the
-per-round ratios and ``uptime``'s load::
+per-round ratios and ``uptime``'s load; ``--device cuda`` runs all three on a GPU (TF32 off)::
 
     nice -n 10 .venv/bin/python benchmarks/resnet18_round.py --threads 2 --rounds 3
+    python benchmarks/resnet18_round.py --device cuda --rounds 10
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class HandLoop:
         new_params, new_stats = [], []
         for k, client in enumerate(self.fed.clients):
             idx = self.alg.draw(ctx, k, len(client), client_generator(SEED, self.round, k))["batches"][0]
+            idx = idx.to(client.x.device)
             x, y = client.x[idx], client.y[idx]
             leaves = {n: p.detach().requires_grad_(True) for n, p in self.params.items()}
             stats = {n: s.clone() for n, s in self.stats.items()}  # updated in place by BatchNorm
@@ -76,39 +78,90 @@ class HandLoop:
         self.round += 1
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3, help="timed rounds per variant (after one warm-up round)")
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
+def measure(device: str = "cpu", rounds: int = 3, threads: int = 2) -> dict:
+    """Run the three variants for ``1 + rounds`` rounds on ``device`` (interleaved round by
+    round); the per-round wall / process-CPU seconds (after the warm-up), their medians and the
+    largest differences of the executors' parameters and running statistics from the hand loop
+    (absolute, and relative to ``max(1, max |hand loop|)``)."""
+    torch.set_num_threads(threads)
     fed = federation()
     module = build_model("resnet18", (1, 28, 28), 10)
     model = FunctionalModel(module)
     alg = FedAvg(model=model, loss=cross_entropy, lr=LR, local_steps=1, batch_size=BATCH)
     init = model.init_params(SEED)
     stats = model.init_stats()
+    on = torch.device(device)
     runs = {
-        "sequential": Simulation(alg, fed, seed=SEED, executor="sequential", init_params={**init, **stats}),
-        "vectorized": Simulation(alg, fed, seed=SEED, executor="vectorized", init_params={**init, **stats}),
-        "hand loop": HandLoop(copy.deepcopy(module), fed, alg, dict(init), dict(stats)),
+        "sequential": Simulation(
+            alg, fed, seed=SEED, executor="sequential", init_params={**init, **stats}, device=device
+        ),
+        "vectorized": Simulation(
+            alg, fed, seed=SEED, executor="vectorized", init_params={**init, **stats}, device=device
+        ),
+        "hand loop": HandLoop(
+            copy.deepcopy(module).to(on),
+            fed.to(device=on),
+            alg,
+            {k: v.to(on) for k, v in init.items()},
+            {k: v.to(on) for k, v in stats.items()},
+        ),
     }
     times: dict[str, dict[str, list[float]]] = {n: {"wall": [], "cpu": []} for n in runs}
-    for i in range(1 + args.rounds):
+    for i in range(1 + rounds):
         for name, run in runs.items():
+            _sync(on)
             wall, cpu = time.perf_counter(), time.process_time()
             run.step()
+            _sync(on)
             if i > 0:
                 times[name]["wall"].append(time.perf_counter() - wall)
                 times[name]["cpu"].append(time.process_time() - cpu)
+    ref, ref_stats = runs["hand loop"].params, runs["hand loop"].stats
+    differences = {}
+    for name in ("sequential", "vectorized"):
+        got = runs[name].server_state
+        d = [(float((got["params"][n] - r).abs().max()), float(r.abs().max())) for n, r in ref.items()]
+        s = [(float((got["norm_stats"][n] - r).abs().max()), float(r.abs().max())) for n, r in ref_stats.items()]
+        differences[name] = {
+            "params_abs": max(a for a, _ in d),
+            "params_rel": max(a / max(1.0, m) for a, m in d),
+            "stats_abs": max(a for a, _ in s),
+            "stats_rel": max(a / max(1.0, m) for a, m in s),
+        }
+    return {
+        "device": str(on),
+        "num_params": model.num_params(),
+        "rounds": rounds,
+        "threads": threads,
+        "times": times,
+        "median_wall": {n: statistics.median(t["wall"]) for n, t in times.items()},
+        "median_cpu": {n: statistics.median(t["cpu"]) for n, t in times.items()},
+        "differences": differences,
+    }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3, help="timed rounds per variant (after one warm-up round)")
+    p.add_argument("--device", default="cpu", help='"cpu", "cuda" or "cuda:N" (TF32 is switched off on CUDA)')
+    args = p.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    res = measure(args.device, args.rounds, args.threads)
+    times = res["times"]
     print(
-        f"ResNet-18 ({model.num_params():,} parameters), {CLIENTS} clients x 1 step x batch {BATCH}, 1x28x28, "
-        f"float32, {args.threads} threads, CPU, {args.rounds} timed rounds"
+        f"ResNet-18 ({res['num_params']:,} parameters), {CLIENTS} clients x 1 step x batch {BATCH}, 1x28x28, "
+        f"float32, {args.threads} threads, device {res['device']}, {args.rounds} timed rounds"
     )
     print(f"load average before / after: {LOAD0} / {os.getloadavg()}")
-    med = {n: {k: statistics.median(v) for k, v in t.items()} for n, t in times.items()}
-    for name, m in med.items():
-        print(f"  {name:11s} wall {m['wall']:7.3f} s   cpu {m['cpu']:7.3f} s")
+    for name in times:
+        print(f"  {name:11s} wall {res['median_wall'][name]:7.3f} s   cpu {res['median_cpu'][name]:7.3f} s")
     for k in ("wall", "cpu"):
         seq = [v / s for v, s in zip(times["vectorized"][k], times["sequential"][k])]
         hand = [v / h for v, h in zip(times["vectorized"][k], times["hand loop"][k])]
@@ -117,17 +170,10 @@ def main() -> None:
             f"{statistics.median(hand):.3f}, sequential / hand loop "
             f"{statistics.median([s / h for s, h in zip(times['sequential'][k], times['hand loop'][k])]):.3f}"
         )
-    ref = runs["hand loop"].params
-    for name in ("sequential", "vectorized"):
-        got = runs[name].server_state["params"]
-        diff = max(float((got[n] - ref[n]).abs().max()) for n in ref)
-        sdiff = max(
-            float((runs[name].server_state["norm_stats"][n] - v).abs().max())
-            for n, v in runs["hand loop"].stats.items()
-        )
+    for name, d in res["differences"].items():
         print(
-            f"  {name}: largest difference from the hand loop after {1 + args.rounds} rounds: parameters {diff:.2e}, "
-            f"running statistics {sdiff:.2e}"
+            f"  {name}: largest difference from the hand loop after {1 + args.rounds} rounds: parameters "
+            f"{d['params_abs']:.2e}, running statistics {d['stats_abs']:.2e}"
         )
 
 

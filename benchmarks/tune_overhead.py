@@ -1,6 +1,6 @@
 """The cost of ``fedrisk tune`` beyond its trials, and what ``--jobs 2`` buys (issue 24).
 
-Overhead: one 16-trial study (median pruner, TPE, SQLite storage, ``history.png``) of a
+Overhead: one 16-trial study (median pruner, TPE, journal storage, ``history.png``) of a
 config.  Two readings of "beyond the trials":
 
 - **beyond the rounds** (the strict one): the study's wall time minus the time its trials
@@ -24,6 +24,13 @@ change).  Only meaningful with two otherwise idle cores.
     .venv/bin/python benchmarks/tune_overhead.py --config small --rounds 30   # tiny trials (worst case)
     .venv/bin/python benchmarks/tune_overhead.py --jobs               # jobs 1 vs jobs 2
     .venv/bin/python benchmarks/tune_overhead.py --startup            # forked vs fresh workers
+    .venv/bin/python benchmarks/tune_overhead.py --profile            # where the tuner's time goes
+    .venv/bin/python benchmarks/tune_overhead.py --no-plot            # overhead without history.png
+
+Profile (``--profile``): the same study under cProfile, and the cumulative seconds of the
+tuner's parts (creating the study, each Optuna call summed over the trials, the outputs and
+the plot) beside the trials' ``run_experiment`` calls.  cProfile slows Python code, so read
+the parts as shares, and the plain run's numbers as the overhead.
 
 Start-up (``--startup``): how long after the tune starts its two workers begin their first
 trials, forked from the tuner (the default with one thread per trial) or started as fresh
@@ -108,11 +115,11 @@ def rounds_seconds(out: str, trial) -> float:
     return json.loads(lines[-1])["wall_time"] if lines else 0.0
 
 
-def study(cfg, trials: int, jobs: int, **kw) -> dict[str, float]:
+def study(cfg, trials: int, jobs: int, plots: bool = True, **kw) -> dict[str, float]:
     spec = tune_spec(cfg, trials=trials, metric=cfg["tune.metric"], jobs=jobs, **kw)
     out = tempfile.mkdtemp(prefix="tune_bench_")
     wall, cpu = time.perf_counter(), time.process_time()
-    result = run_tune(cfg, out, spec)
+    result = run_tune(cfg, out, spec, plots=plots)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     states = [t.state.name for t in result.trials]
     return {
@@ -125,6 +132,40 @@ def study(cfg, trials: int, jobs: int, **kw) -> dict[str, float]:
         "pruned": states.count("PRUNED"),
         "trials_per_hour": len(states) / wall * 3600,
     }
+
+
+PARTS = [  # (label, file suffix, function name): cumulative time in cProfile's stats
+    ("the trials' run_experiment", "experiment/runner.py", "run_experiment"),
+    ("prepare_study (import Optuna, create the study)", "experiment/tune.py", "prepare_study"),
+    ("run_trial (a trial and its Optuna calls)", "experiment/tune.py", "run_trial"),
+    ("  Study.ask (the sampler's proposal)", "optuna/study/study.py", "ask"),
+    ("  Study.tell", "optuna/study/study.py", "tell"),
+    ("  Study.get_trials", "optuna/study/study.py", "get_trials"),
+    ("  Trial.report", "optuna/trial/_trial.py", "report"),
+    ("  Trial.should_prune", "optuna/trial/_trial.py", "should_prune"),
+    ("  Trial.set_user_attr", "optuna/trial/_trial.py", "set_user_attr"),
+    ("  Trial.suggest_float", "optuna/trial/_trial.py", "suggest_float"),
+    ("write_outputs (trials.md, best.toml, history.png)", "experiment/tune_outputs.py", "write_outputs"),
+    ("  plot_history (with importing matplotlib)", "experiment/tune_outputs.py", "plot_history"),
+]
+
+
+def profile(cfg, trials: int) -> None:
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    wall = time.perf_counter()
+    prof.enable()
+    study(cfg, trials, 1)
+    prof.disable()
+    wall = time.perf_counter() - wall
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
+    print(f"study under cProfile: {wall:.2f} s wall; cumulative seconds of its parts:")
+    for label, suffix, name in PARTS:
+        hits = [(v[1], v[3]) for (f, _, n), v in stats.items() if n == name and f.endswith(suffix)]
+        calls, cum = sum(c for c, _ in hits), sum(t for _, t in hits)
+        print(f"  {label:<52} {cum:7.3f} s  ({calls} calls)")
 
 
 def startup(cfg) -> None:
@@ -153,9 +194,15 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=16)
     p.add_argument("--jobs", action="store_true", help="compare --jobs 1 and --jobs 2 instead")
     p.add_argument("--startup", action="store_true", help="time forked against fresh workers instead")
+    p.add_argument("--profile", action="store_true", help="the study under cProfile: the tuner's parts")
+    p.add_argument("--no-plot", action="store_true", help="without history.png (to see the plot's share)")
     args = p.parse_args()
     cfg = config(args.config, args.rounds)
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores; {args.config}, {cfg['run.rounds']} rounds")
+    if args.profile:
+        profile(cfg, args.trials)
+        print(f"load average {os.getloadavg()[0]:.2f} at the end")
+        return
     if args.startup:
         startup(cfg)
         print(f"load average {os.getloadavg()[0]:.2f} at the end")
@@ -170,9 +217,10 @@ def main() -> None:
         print(f"speed-up: {two['trials_per_hour'] / one['trials_per_hour']:.2f}x (target >= 1.6x)")
         print(f"load average {os.getloadavg()[0]:.2f} at the end")
         return
-    r = study(cfg, args.trials, 1)
+    r = study(cfg, args.trials, 1, plots=not args.no_plot)
+    what = f"{args.trials} trials" + (" without history.png" if args.no_plot else "")
     print(
-        f"{args.trials} trials ({r['complete']} complete, {r['pruned']} pruned): study {r['wall']:.2f} s wall / "
+        f"{what} ({r['complete']} complete, {r['pruned']} pruned): study {r['wall']:.2f} s wall / "
         f"{r['cpu']:.2f} s CPU; in the rounds {r['rounds_wall']:.2f} s; in the runs {r['trials_wall']:.2f} s wall / "
         f"{r['trials_cpu']:.2f} s CPU"
     )

@@ -257,6 +257,7 @@ def run_federation(
     init_params: Tree | None = None,
     threads: int | None = None,
     progress: bool | None = None,
+    device: str | torch.device | None = None,
 ) -> History:
     """Run ``algorithm`` on ``federation`` for ``rounds`` rounds and return the history.
 
@@ -271,6 +272,9 @@ def run_federation(
             torch's setting alone.
         progress: a ``tqdm`` bar on standard error; None (default) shows it when standard
             error is a terminal.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``: where the data, parameters
+            and states live (see :mod:`fedrisk.runtime.device`); None leaves the federation
+            where it is.
         The other arguments are those of :class:`~fedrisk.runtime.simulation.Simulation` and
         :func:`run_simulation`.
 
@@ -308,6 +312,7 @@ def run_federation(
             byzantine=byzantine,
             on_client_failure=on_client_failure,
             init_params=init_params,
+            device=device,
         )
         show = _attached_to_terminal() if progress is None else bool(progress)
         bar = [ProgressBar(rounds)] if show else []

@@ -242,12 +242,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if echo is not None:
         space = ", ".join(f"{k}={d.spec}" for k, d in spec.space.items())
         echo(f"tune: {spec.trials} trials of {space} on {spec.metric} ({spec.direction}) in {out}, jobs={spec.jobs}")
-    result = run_tune(cfg, out, spec, resume=args.resume, overwrite=args.overwrite, echo=echo)
+    result = run_tune(
+        cfg, out, spec, resume=args.resume, overwrite=args.overwrite, echo=echo, plots=False if args.no_plots else None
+    )
     print(result.table)
     print()
     shown = ", ".join(f"{k} = {v!r}" for k, v in result.best_params.items())
     print(f"best: {shown} ({spec.metric} = {result.best_value:.4f} at round {result.best_round})")
-    print(f"outputs in {out}: " + " ".join(p.name for p in result.files) + " study.db trials/")
+    print(f"outputs in {out}: " + " ".join(p.name for p in result.files) + " study.journal trials/")
     return 0
 
 
@@ -478,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
         "tune",
         help="tune hyper-parameters on the validation split (Optuna)",
         description="Tune config keys with Optuna: each trial is a fedrisk run scored on a validation metric; "
-        "unpromising trials are pruned; the study (SQLite) resumes with --resume.",
+        "unpromising trials are pruned; the study (an Optuna journal file) resumes with --resume.",
     )
     p.add_argument("config", metavar="CONFIG", help="a TOML config file (its [tune] table is the default study)")
     set_flag(p)
@@ -502,6 +504,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mode.add_argument("--overwrite", action="store_true", help="replace a study already in --out")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument(
+        "--no-plots",
+        action="store_true",
+        help="skip history.png (drawing it, importing matplotlib included, is most of the tuner's own time)",
+    )
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser(

@@ -163,6 +163,7 @@ def test_shipped_configs_are_valid(path):
         "scoring",
         "tune",
         "tune_space",
+        "tune_storage",
         "__init__",
     ],
 )

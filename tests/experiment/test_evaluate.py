@@ -118,3 +118,14 @@ def test_run_variant_picks_one_and_without_it_says_it_runs_the_base(tmp_path, ca
     assert json.loads((tmp_path / "prox" / "summary.json").read_text())["algorithm"] == "fedprox"
     code, _, err = run_cli(capsys, "run", config, "--variant", "scaffold", "--out", tmp_path / "x", "--quiet")
     assert code == 2 and "--variant 'scaffold' is not a variant of the config; allowed: prox" in err
+
+
+def test_evaluate_scores_a_gpu_run_on_a_machine_without_one(selecting, monkeypatch) -> None:
+    run, _ = selecting
+    expected = evaluate_run(run).metrics
+    config = run / "config.toml"
+    text = config.read_text()
+    assert 'device = "cpu"' in text
+    config.write_text(text.replace('device = "cpu"', 'device = "cuda"'))  # as a run on a GPU machine wrote it
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert evaluate_run(run).metrics == expected

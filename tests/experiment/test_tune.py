@@ -48,11 +48,19 @@ def cfg_of(**over):
     return resolve_config(raw)
 
 
+def stored(out):
+    """The study in ``out`` read with Optuna's own journal backend (the file is a plain Optuna journal)."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    assert (out / "study.journal").is_file()  # the backend would create it
+    storage = optuna.storages.JournalStorage(JournalFileBackend(str(out / "study.journal")))
+    return optuna.load_study(study_name="fedrisk", storage=storage)
+
+
 def outcome(out):
     """The trials of a study in proposal order: (params, state, value, intermediate values)."""
-    import optuna
-
-    study = optuna.load_study(study_name="fedrisk", storage=f"sqlite:///{out / 'study.db'}")
+    study = stored(out)
     rows = []
     for t in sorted(study.get_trials(), key=lambda t: t.user_attrs.get("index", t.number)):
         if t.state.name == "FAIL" and "error" not in t.user_attrs:
@@ -149,6 +157,30 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert err.startswith("error: search space algorithm.lr = 'log:-1:1' does not parse") and err.count("\n") == 1
 
 
+def test_cli_tune_draws_the_history_unless_no_plots_or_output_plots_is_false(tmp_path, capsys, monkeypatch):
+    from fedrisk.cli import main
+
+    drawn = []  # the drawing itself: test_history_plot_shows_complete_and_pruned_trials_and_the_best_so_far
+    monkeypatch.setattr(
+        "fedrisk.experiment.tune_outputs.plot_history", lambda trials, spec, path: drawn.append(path) or path
+    )
+    path = tmp_path / "c.toml"
+    raw = {**RAW, "run": {**RAW["run"], "threads": 1}, "tune": {**RAW["tune"], "trials": 1}, "output": {"plots": True}}
+    path.write_text(tomli_w.dumps(raw))
+    cases = (
+        (tmp_path / "plotted", []),
+        (tmp_path / "plain", ["--no-plots"]),
+        (tmp_path / "off", ["--set", "output.plots=false"]),
+    )
+    for out, extra in cases:
+        assert main(["tune", str(path), "--quiet", "--out", str(out), *extra]) == 0
+        assert drawn == ([] if extra else [out / "history.png"])
+        drawn.clear()
+        last = capsys.readouterr().out.strip().splitlines()[-1]
+        assert last.startswith(f"outputs in {out}: ") and ("history.png" in last) is not bool(extra)
+        assert last.endswith("study.journal trials/")
+
+
 # ----------------------------------------------------------------------------- pruning
 
 
@@ -200,7 +232,44 @@ def test_median_pruner_prunes_bad_trials_and_best_toml(tmp_path):
     assert "| trial | lr | validation_auroc |" in (tmp_path / "trials.md").read_text()
 
 
+def test_history_plot_shows_complete_and_pruned_trials_and_the_best_so_far(tmp_path):
+    import optuna
+    from PIL import Image
+
+    from fedrisk.experiment.tune_outputs import plot_history
+
+    dist = {"algorithm.lr": optuna.distributions.FloatDistribution(1e-4, 1, log=True)}
+    trials = [
+        optuna.trial.create_trial(params={"algorithm.lr": 0.1}, distributions=dist, value=0.8),
+        optuna.trial.create_trial(
+            params={"algorithm.lr": 0.5},
+            distributions=dist,
+            state=optuna.trial.TrialState.PRUNED,
+            intermediate_values={2: 0.6},
+        ),
+        optuna.trial.create_trial(params={"algorithm.lr": 0.01}, distributions=dist, value=0.9),
+    ]
+    path = plot_history(trials, tune_spec(cfg_of()), tmp_path / "history.png")
+    image = Image.open(path).convert("RGB")
+    assert image.size == (660, 396)  # 6 x 3.6 inches at 110 dpi
+    colours = {c for _, c in image.getcolors(maxcolors=1 << 20)}
+    for name, rgb in (("complete", (31, 119, 180)), ("best so far", (255, 127, 14)), ("pruned", (214, 39, 40))):
+        assert rgb in colours, name
+
+
 # ----------------------------------------------------------------------------- resume
+
+
+def interrupted(cfg, spec, out):
+    """The study of ``spec`` after 2 trials, interrupted while its 3rd was running (as a kill -9 leaves it)."""
+    run_tune(cfg, out, tune_spec(cfg, trials=2), plots=False)
+    study, sampler = open_study(out, spec)
+    sampler.reseed(2)
+    trial = study.ask()
+    for d in spec.space.values():
+        d.suggest(trial)
+    trial.set_user_attr("run_dir", "trials/002")
+    trial.set_user_attr("index", 2)
 
 
 def test_resumed_tune_has_the_same_trials(tmp_path):
@@ -208,22 +277,98 @@ def test_resumed_tune_has_the_same_trials(tmp_path):
     spec = tune_spec(cfg)
     run_tune(cfg, tmp_path / "whole", spec, plots=False)
 
-    # the same study, interrupted while its 3rd trial was running (as a kill -9 leaves it)
     part = tmp_path / "part"
-    spec3 = tune_spec(cfg, trials=2)
-    run_tune(cfg, part, spec3, plots=False)
-    study, sampler = open_study(part, spec)
-    sampler.reseed(2)
-    trial = study.ask()
-    for d in spec.space.values():
-        d.suggest(trial)
-    trial.set_user_attr("run_dir", "trials/002")
-    trial.set_user_attr("index", 2)
+    interrupted(cfg, spec, part)
     with pytest.raises(FedriskError, match="already holds a tune"):
         run_tune(cfg, part, spec, plots=False)
     run_tune(cfg, part, spec, resume=True, plots=False)
     assert outcome(part) == outcome(tmp_path / "whole")
     assert len(outcome(part)) == 5
+
+
+FRAGMENT = b'{"op_code":8,"worker_id":"x","trial_id":2,"user_at'  # a record cut short by a kill
+
+
+@pytest.mark.parametrize("where", ["end", "middle"])
+def test_a_record_cut_short_by_a_kill_is_dropped_on_resume(tmp_path, where):
+    # a process killed inside its write leaves part of a record; Optuna skips it at the end of
+    # the file, but the next record (another worker's, or this study's after resuming) lands on
+    # the same line and Optuna cannot read that line
+    cfg = cfg_of(tune={"trials": 5})
+    spec = tune_spec(cfg)
+    run_tune(cfg, tmp_path / "whole", spec, plots=False)
+    part = tmp_path / "part"
+    interrupted(cfg, spec, part)
+    journal = part / "study.journal"
+    lines = journal.read_bytes().split(b"\n")
+    if where == "end":
+        lines[-1] = FRAGMENT
+    else:
+        lines[5] = FRAGMENT + lines[5]
+    journal.write_bytes(b"\n".join(lines))
+    if where == "middle":
+        with pytest.raises(ValueError):  # Optuna's own reader
+            stored(part)
+    echoed = []
+    run_tune(cfg, part, spec, resume=True, plots=False, echo=echoed.append)
+    assert "study.journal: dropped 1 record(s) cut short by a killed process" in echoed
+    assert outcome(part) == outcome(tmp_path / "whole")
+
+
+def test_a_journal_line_that_is_no_record_is_a_one_line_error(tmp_path):
+    cfg = cfg_of(tune={"trials": 1})
+    run_tune(cfg, tmp_path, tune_spec(cfg), plots=False)
+    with open(tmp_path / "study.journal", "ab") as fh:
+        fh.write(b"garbage\n")
+    with pytest.raises(FedriskError, match=r"study\.journal: line \d+ is not an Optuna journal record; restore"):
+        run_tune(cfg, tmp_path, tune_spec(cfg), resume=True, plots=False)
+
+
+def test_an_older_sqlite_study_is_copied_and_resumes(tmp_path):
+    # fedrisk before the journal kept the study in study.db (Optuna's SQLite storage): --resume
+    # copies it, every trial as it was, and continues it; without --resume it is not overwritten
+    import optuna
+
+    cfg = cfg_of(tune={"trials": 5})
+    spec = tune_spec(cfg)
+    run_tune(cfg, tmp_path / "whole", spec, plots=False)
+    part = tmp_path / "part"
+    interrupted(cfg, spec, part)
+    kept = [(t.number, t.state, t.params, t.datetime_start, t.user_attrs) for t in stored(part).get_trials()]
+    old = optuna.storages.RDBStorage(f"sqlite:///{part / 'study.db'}")
+    optuna.copy_study(from_study_name="fedrisk", from_storage=stored(part)._storage, to_storage=old)
+    old.engine.dispose()
+    (part / "study.journal").unlink()
+    before = (part / "study.db").read_bytes()
+    with pytest.raises(FedriskError, match="already holds a tune"):
+        run_tune(cfg, part, spec, plots=False)
+    lines = []
+    run_tune(cfg, part, spec, resume=True, plots=False, echo=lines.append)
+    assert "study.db (an older fedrisk's SQLite study) copied to study.journal; study.db is left in place" in lines
+    assert outcome(part) == outcome(tmp_path / "whole")
+    assert (part / "study.db").read_bytes() == before
+    after = stored(part).get_trials()  # the old trials themselves, not a new study that happens to agree
+    assert [(t.number, t.state, t.params, t.datetime_start, t.user_attrs) for t in after[:2]] == kept[:2]
+    assert kept[2][1].name == "RUNNING" and after[2].state.name == "FAIL" and after[2].params == kept[2][2]
+    assert len(after) == 6  # the interrupted trial, proposed again
+
+
+def test_opening_a_folder_without_a_study_is_an_error_and_creates_nothing(tmp_path):
+    with pytest.raises(FedriskError, match=r"holds no tune \(study\.journal\)"):
+        open_study(tmp_path, tune_spec(cfg_of()))
+    assert not any(tmp_path.iterdir())
+
+
+def test_an_unreadable_older_study_is_a_one_line_error(tmp_path):
+    cfg = cfg_of(tune={"trials": 1})
+    spec = tune_spec(cfg)
+    run_tune(cfg, tmp_path, spec, plots=False)
+    (tmp_path / "study.journal").unlink()
+    (tmp_path / "study.db").write_bytes(b"not a database")
+    with pytest.raises(FedriskError, match=r"study\.db \(a study of an older fedrisk\) cannot be read: ") as info:
+        run_tune(cfg, tmp_path, spec, resume=True, plots=False)
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "study.journal").exists()
 
 
 def test_resume_refuses_other_settings(tmp_path):
@@ -245,17 +390,14 @@ def test_kill_9_tune_resumes_with_every_finished_trial(tmp_path):
     out = tmp_path / "killed"
     proc = subprocess.Popen([*cmd, "--out", str(out)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
-    import optuna
-
-    while time.time() < deadline:
-        time.sleep(0.2)
-        try:
-            study = optuna.load_study(study_name="fedrisk", storage=f"sqlite:///{out / 'study.db'}")
-            states = [t.state.name for t in study.get_trials()]
-        except Exception:
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+        if not (out / "study.journal").is_file():
             continue
+        states = [t.state.name for t in stored(out).get_trials()]
         if states.count("COMPLETE") + states.count("PRUNED") >= 3 and states[-1] == "RUNNING":
             break
+    assert proc.poll() is None, "the study file never showed 3 finished trials and a running one while the tune ran"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     finished_before = [t for t in outcome(out) if t[1] != "RUNNING"]

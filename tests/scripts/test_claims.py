@@ -68,9 +68,14 @@ def test_verdict_rule(claims, stats, effect, expected):
 
 
 def test_a_tuned_value_at_the_edge_of_its_range_withholds_the_verdict(claims, tmp_path):
-    s = claims.Stats(5, 1.0, 0.01, 1e-6, 1 / 32, 5)
-    assert claims.verdict(s) == "reproduced"
-    assert claims.verdict(s, edge=True).startswith("no verdict: a tuned value is at the edge")
+    win, loss = claims.Stats(5, 1.0, 0.01, 1e-6, 1 / 32, 5), claims.Stats(5, -1.0, 0.01, 1.0, 1.0, 0)
+    assert claims.verdict(win) == "reproduced" and claims.verdict(loss) == "not reproduced"
+    # a baseline at an edge could close a win; the method at an edge could turn a loss
+    assert claims.verdict(win, baseline_edge=True).startswith("no verdict: a baseline's tuned value is at the edge")
+    assert claims.verdict(loss, method_edge=True).startswith("no verdict: the claimed method's tuned value")
+    # more tuning of the side at the edge could only strengthen these
+    assert claims.verdict(win, method_edge=True) == "reproduced"
+    assert claims.verdict(loss, baseline_edge=True) == "not reproduced"
     folder = tmp_path / "runs" / "sw" / "a"
     (folder / "tune").mkdir(parents=True)
     (folder / "tuned.json").write_text(json.dumps({"params": {"algorithm.lr": 9.5e-5, "algorithm.beta": 0.5}}))

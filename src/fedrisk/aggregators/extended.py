@@ -195,8 +195,8 @@ def _mda_exact(dist: Tensor, f: int, chunk: int = 4096) -> Tensor:
         block = list(itertools.islice(combos, chunk))
         if not block:
             break
-        keep = torch.ones(len(block), n, dtype=torch.bool)
-        keep.scatter_(1, torch.tensor(block, dtype=torch.long), False)
+        keep = torch.ones(len(block), n, dtype=torch.bool, device=dist.device)
+        keep.scatter_(1, torch.tensor(block, dtype=torch.long, device=dist.device), False)
         inside = torch.where(keep[:, :, None] & keep[:, None, :], dist, zero).flatten(1)
         diam, total = inside.max(dim=1).values, inside.sum(dim=1)
         low = diam.min()

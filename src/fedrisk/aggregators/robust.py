@@ -210,7 +210,7 @@ def geometric_median(x: Tensor, tol: float = 1e-7, max_iter: int = 1000, eps: fl
     xm = x[m].double()
     xm_sq = float(xm @ xm)
     cross = (x @ x[m]).double() - xm_sq  # (x_i - x_m) . x_m, for ||z|| in the stopping rule
-    a = torch.full((n,), 1.0 / n, dtype=torch.float64)
+    a = torch.full((n,), 1.0 / n, dtype=torch.float64, device=g.device)
     for _ in range(max_iter):
         ga = g @ a
         dist = (diag - 2 * ga + a @ ga).clamp_min(0).sqrt().clamp_min(eps)

@@ -59,7 +59,7 @@ def centred_gram(x: Tensor, center: Tensor, dtype: torch.dtype | None = None) ->
     """
     n, d = x.shape
     dtype = x.dtype if dtype is None else dtype
-    g = torch.zeros(n, n, dtype=dtype)
+    g = torch.zeros(n, n, dtype=dtype, device=x.device)
     for j in range(0, d, _BLOCK):
         b = (x[:, j : j + _BLOCK] - center[j : j + _BLOCK]).to(dtype)
         g.addmm_(b, b.T)

@@ -85,12 +85,13 @@ def network_objective_check(alg: Any, game: MinimaxGame, data: Sequence[LocalDat
     if in_functorch_transform() or not data or int(data[0].size) == 0:
         return
     local = data[0]
-    x = alg.model.init_params(0)
+    on = local.x.device  # the data's device (run.device)
+    x = alg.model.init_params(0, device=on)
     dtype = tensor_leaves(x)[0].dtype
-    idx = torch.arange(min(2, int(local.size)))
-    noise = torch.zeros(len(idx), alg.noise_dim, dtype=dtype) if game.noise else None
+    idx = torch.arange(min(2, int(local.size)), device=on)
+    noise = torch.zeros(len(idx), alg.noise_dim, dtype=dtype, device=on) if game.noise else None
     local = LocalData(local.x.to(dtype) if local.x.is_floating_point() else local.x, local.y, local.size, local.attrs)
-    y = alg.dual_model.init_params(0, dtype=dtype)
+    y = alg.dual_model.init_params(0, dtype=dtype, device=on)
     name = game_name(alg)
     try:
         value = game(x, y, network_batch(alg, local, idx, noise))

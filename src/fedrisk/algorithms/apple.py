@@ -46,7 +46,7 @@ from fedrisk.autodiff import value_and_grad
 from fedrisk.errors import FedriskError, check_range
 from fedrisk.objectives.supervised import LossFn
 from fedrisk.rng import ClientRNG
-from fedrisk.tree import Tree, tree_map, tree_stack
+from fedrisk.tree import Tree, tensor_leaves, tree_map, tree_stack
 
 
 def combine(cores: Tree, p: Tensor) -> Tree:
@@ -121,8 +121,8 @@ class APPLE(Algorithm):
     def aggregate(
         self, ctx: RoundContext, server_state: Tree, plan: RoundPlan, replies: Replies, gen: torch.Generator
     ) -> Tree:
-        clients = torch.tensor(list(replies.clients), dtype=torch.int64)
         new = replies.stacked("core")
+        clients = torch.tensor(list(replies.clients), dtype=torch.int64, device=tensor_leaves(new)[0].device)
         return {"cores": tree_map(lambda v, x: v.index_copy(0, clients, x.to(v.dtype)), server_state["cores"], new)}
 
     def personal_params(self, server_state: Tree, client_state: Tree, client: int) -> Tree:

@@ -163,8 +163,8 @@ class FedFomo(Algorithm):
     def aggregate(
         self, ctx: RoundContext, server_state: Tree, plan: RoundPlan, replies: Replies, gen: torch.Generator
     ) -> Tree:
-        clients = torch.tensor(list(replies.clients), dtype=torch.int64)
         new = replies.stacked("params")
+        clients = torch.tensor(list(replies.clients), dtype=torch.int64, device=server_state["affinity"].device)
         models = tree_map(lambda v, x: v.index_copy(0, clients, x.to(v.dtype)), server_state["models"], new)
         affinity = server_state["affinity"].clone()
         for k, w in zip(replies.clients, replies.gather("weights")):

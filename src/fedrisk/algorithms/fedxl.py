@@ -231,7 +231,7 @@ class FeDXL1(PairwiseBase):
         """An evenly spaced subset of ``count`` of a round's scores (``upload``)."""
         if count >= scores.shape[0]:
             return scores
-        idx = torch.linspace(0, scores.shape[0] - 1, count).round().to(torch.int64)
+        idx = torch.linspace(0, scores.shape[0] - 1, count, device=scores.device).round().to(torch.int64)
         return scores[idx]
 
     def client_update(
@@ -276,8 +276,9 @@ class FeDXL1(PairwiseBase):
                 sizes_key = "sizes_neg" if key == "neg" else "sizes_pos"
                 old_sizes = server_state.get(sizes_key)
                 if old_sizes is None:
-                    old_sizes = torch.zeros(self.history, dtype=torch.int64)
-                sizes = torch.cat([torch.tensor([pool.shape[0]]), old_sizes[:-1]]) if key != "u" else new[sizes_key]
+                    old_sizes = torch.zeros(self.history, dtype=torch.int64, device=pool.device)
+                newest = torch.tensor([pool.shape[0]], device=old_sizes.device)
+                sizes = torch.cat([newest, old_sizes[:-1]]) if key != "u" else new[sizes_key]
                 old = server_state.get(f"pool_{key}")
                 pool = pool if old is None else torch.cat([pool, old])[: int(sizes.sum())]
                 if key != "u":

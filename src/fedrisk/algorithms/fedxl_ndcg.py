@@ -69,7 +69,7 @@ from torch import Tensor
 
 from fedrisk.aggregators.base import Replies
 from fedrisk.algorithms.base import Algorithm, ClientResult, FedInfo, LocalData, RoundContext, RoundPlan, sample_clients
-from fedrisk.algorithms.pairwise import SCORES, SingleClassClientWarning
+from fedrisk.algorithms.pairwise import SCORES, SingleClassClientWarning, scatter_last
 from fedrisk.autodiff import value_and_grad
 from fedrisk.errors import FedriskError, check_range, unknown_name
 from fedrisk.objectives.auc import single_output
@@ -106,8 +106,9 @@ def query_stats(hist: Tensor, max_items: int | None = None) -> tuple[Tensor, Ten
     after = desc.cumsum(1)  # items placed once each grade is done
     before = after - desc
     n = max_items if max_items is not None else (int(h.sum(1).max().item()) if Q else 0)
-    cum = torch.cat([torch.zeros(1, dtype=dtype), (1 / torch.log2(torch.arange(2, n + 2, dtype=dtype))).cumsum(0)])
-    gains = (2.0 ** torch.arange(G - 1, -1, -1, dtype=dtype)) - 1
+    on = {"dtype": dtype, "device": hist.device}
+    cum = torch.cat([torch.zeros(1, **on), (1 / torch.log2(torch.arange(2, n + 2, **on))).cumsum(0)])
+    gains = (2.0 ** torch.arange(G - 1, -1, -1, **on)) - 1
     z = (gains * (cum[after.long()] - cum[before.long()])).sum(1)
     return size, rel, z
 
@@ -206,7 +207,7 @@ class FeDXL2NDCG(Algorithm):
         if data and hasattr(self.model, "init_params"):  # a multi-output scorer is refused at set-up, not mid-run
             x = data[0].x[:1]
             with torch.no_grad():
-                single_output(self.model.apply(self.model.init_params(0, dtype=x.dtype), x), self.name)
+                single_output(self.model.apply(self.model.init_params(0, dtype=x.dtype, device=x.device), x), self.name)
         qs, rels = [queries_of(d)[: int(d.size)] for d in data], [d.y[: int(d.size)] for d in data]
         queries, relevance = torch.cat(qs), torch.cat(rels)
         if torch.any(relevance < 0):
@@ -375,7 +376,7 @@ class FeDXL2NDCG(Algorithm):
                 return total, (a.detach(), a.detach(), u_new.detach(), value)
 
             (_, (a, b, u_new, value)), grads = value_and_grad(objective, has_aux=True)(params)
-            u = u.scatter(0, rank[k], torch.where(has_rel, u_new, u_rows))
+            u = scatter_last(u, rank[k], torch.where(has_rel, u_new, u_rows))
             G = {n: (1 - beta) * G[n] + beta * grads[n] for n in names}
             params = {n: params[n] - lr * G[n] for n in names}
             out_a.append(a)

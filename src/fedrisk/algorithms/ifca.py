@@ -96,9 +96,7 @@ class IFCA(Algorithm):
 
     # -- server -------------------------------------------------------------------------
     def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
-        others = [
-            tree_map(lambda p, q: q.to(p.dtype), params, self.init_params(gen)) for _ in range(1, self.num_clusters)
-        ]
+        others = [tree_map(lambda p, q: q.to(p), params, self.init_params(gen)) for _ in range(1, self.num_clusters)]
         return {"models": tree_stack([params, *others])}
 
     def init_client(self, ctx: RoundContext, client: int, params: Tree) -> Tree:

@@ -115,7 +115,7 @@ def shuffle_hosts(sigma: Tensor) -> Tensor:
     per epoch, ending at sigma(i)).
     """
     N = sigma.shape[0]
-    i = torch.arange(N)
+    i = torch.arange(N, device=sigma.device)
     return sigma[(i[None, :] + i[:, None] + 1) % N]
 
 
@@ -123,7 +123,7 @@ def hosted_owners(sigma: Tensor, j: int) -> Tensor:
     """``owner[k]``: the model client k hosts in round ``j`` (the inverse of row j of :func:`shuffle_hosts`)."""
     hosts = shuffle_hosts(sigma)[j]
     owner = torch.empty_like(hosts)
-    owner[hosts] = torch.arange(sigma.shape[0])
+    owner[hosts] = torch.arange(sigma.shape[0], device=hosts.device)
     return owner
 
 
@@ -217,10 +217,16 @@ class PERMShuffling(Algorithm):
             return (n / n.sum()).expand(N, N).clone()
         return torch.full((N, N), 1.0 / N, dtype=dtype)
 
-    def draw_epoch(self, num_clients: int, gen: torch.Generator) -> dict[str, Tensor]:
-        """The next epoch's clients S (all, drawing nothing, at full participation) and sigma."""
+    def draw_epoch(
+        self, num_clients: int, gen: torch.Generator, device: torch.device | None = None
+    ) -> dict[str, Tensor]:
+        """The next epoch's clients S (all, drawing nothing, at full participation) and sigma
+        (drawn on the CPU generator, placed on ``device``)."""
         members = torch.tensor(sample_clients(gen, num_clients, self.clients_per_round), dtype=torch.int64)
-        return {"members": members, "sigma": torch.randperm(members.shape[0], generator=gen)}
+        sigma = torch.randperm(members.shape[0], generator=gen)
+        if device is not None:
+            members, sigma = members.to(device), sigma.to(device)
+        return {"members": members, "sigma": sigma}
 
     def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
         N = ctx.fed.num_clients
@@ -289,7 +295,7 @@ class PERMShuffling(Algorithm):
             state["objective"] = server_state["objective"].index_copy(0, members, state["objective_sum"][members])
             state["objective_seen"] = server_state["objective_seen"].index_fill(0, members, True)
             state["objective_sum"] = torch.zeros_like(state["objective_sum"])
-            state.update(self.draw_epoch(ctx.fed.num_clients, gen))
+            state.update(self.draw_epoch(ctx.fed.num_clients, gen, members.device))
             state = self.end_of_epoch(ctx, state)
         return state
 
@@ -390,10 +396,10 @@ def weights_from_replies(
     ids = list(replies.clients)
     D = squared_distances(_gradient_matrix(replies, key))
     sub = mixing_weights(D, [sizes[i] for i in ids], lam)
-    index = torch.tensor(ids, dtype=torch.long)
+    index = torch.tensor(ids, dtype=torch.long, device=previous.device)
     if out is not None:
         N = previous.shape[0]
-        known = out.get("discrepancy", torch.zeros(N, N, dtype=previous.dtype)).clone()
+        known = out.get("discrepancy", torch.zeros(N, N, dtype=previous.dtype, device=previous.device)).clone()
         known[index.unsqueeze(1), index] = D.to(known.dtype)
         out["discrepancy"] = known
         out["estimations"] = out.get("estimations", torch.zeros((), dtype=torch.int64)) + 1

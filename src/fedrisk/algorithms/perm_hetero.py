@@ -69,7 +69,7 @@ def width_mask(params: Tree, ratio: float) -> dict[str, Tensor]:
         masks[key] = m
         bias = key[: -len("weight")] + "bias"
         if bias in params:
-            masks[bias] = (torch.arange(out_dim) < rows).to(params[bias].dtype)
+            masks[bias] = (torch.arange(out_dim, device=params[bias].device) < rows).to(params[bias].dtype)
     if set(masks) != set(params):
         unknown = sorted(set(params) - set(masks))
         raise FedriskError(f"heterogeneous widths: cannot tell which layer {unknown} belong to")

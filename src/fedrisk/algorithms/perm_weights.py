@@ -39,7 +39,7 @@ def _check_weight_inputs(sq_distances: Any, counts: Any, lam: float) -> tuple[Te
     if not (isinstance(lam, (int, float)) and lam > 0 and lam != float("inf")):
         raise FedriskError(f"lam = {lam!r} must be a finite number > 0 (the regulariser of PERM's eq. (2))")
     D = torch.as_tensor(sq_distances, dtype=torch.float64)
-    n = torch.as_tensor(counts, dtype=torch.float64)
+    n = torch.as_tensor(counts, dtype=torch.float64, device=D.device)
     if D.dim() != 2 or D.shape[0] != D.shape[1] or n.shape != (D.shape[0],):
         raise FedriskError(
             f"mixing_weights needs an N x N matrix of squared distances and N counts; got {tuple(D.shape)} "
@@ -95,7 +95,7 @@ def mixing_weights_pgd(
     D, n = _check_weight_inputs(sq_distances, counts, lam)
     check_range("steps", steps, 1)
     N = D.shape[0]
-    alpha = torch.full((N, N), 1.0 / N, dtype=torch.float64) if init is None else init.to(torch.float64).clone()
+    alpha = torch.full((N, N), 1.0 / N, dtype=torch.float64, device=D.device) if init is None else init.to(D).clone()
     step = float(n.min()) / (2.0 * lam)
     for _ in range(steps):
         alpha = project_simplex(alpha - step * (D + 2.0 * lam * alpha / n))
@@ -149,7 +149,7 @@ def lambda_guide(sq_distances: Any, counts: Sequence[int] | Tensor, lam: float |
     D, n = _check_weight_inputs(sq_distances, counts, 1.0)
     N = D.shape[0]
     check_range("points", points, 2)
-    off = D[~torch.eye(N, dtype=torch.bool)]
+    off = D[~torch.eye(N, dtype=torch.bool, device=D.device)]
     T = partner_thresholds(D, n)
     if N < 2:
         return "PERM discrepancies: one client, nothing to weigh (lam has no effect)"
@@ -158,7 +158,7 @@ def lambda_guide(sq_distances: Any, counts: Sequence[int] | Tensor, lam: float |
     def partners(value: float) -> float:
         return float((value > T).sum(1).double().mean()) if value > 0 else 1.0
 
-    q = off.quantile(torch.tensor([0.0, 0.5, 1.0], dtype=off.dtype)).tolist()
+    q = off.quantile(torch.tensor([0.0, 0.5, 1.0], dtype=off.dtype, device=off.device)).tolist()
     lines = [
         f"PERM discrepancies D_ij = ||grad f_i(w) - grad f_j(w)||^2 over {off.numel()} pairs: "
         f"min {q[0]:.4g}, median {q[1]:.4g}, max {q[2]:.4g}",

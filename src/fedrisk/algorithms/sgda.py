@@ -469,7 +469,7 @@ class LocalSGDA(Algorithm):
         elif self.game == "quadratic":
             (xv,) = tensor_leaves(x)
             b = torch.stack([c.x.to(xv.dtype).mean(0) for c in federation.clients]).mean(0)  # eq. (1): 1/M Σ_i
-            a = quadratic_matrix(self.quadratic_seed, y.shape[-1], xv.shape[-1], xv.dtype)
+            a = quadratic_matrix(self.quadratic_seed, y.shape[-1], xv.shape[-1], xv.dtype).to(xv.device)
             grad = quadratic_grad_phi(xv, a, b, self.quadratic_curvature, self.quadratic_mu)
             out["grad_phi_norm"] = float(torch.linalg.vector_norm(grad))
         else:
@@ -493,7 +493,7 @@ class LocalSGDA(Algorithm):
             total = []
             for c in federation.clients:
                 data = LocalData(c.x.to(y.dtype), c.y, torch.tensor(len(c)), dict(c.attrs))
-                total.append(self.objective(xy[0], xy[1], data, torch.arange(len(c))))
+                total.append(self.objective(xy[0], xy[1], data, torch.arange(len(c), device=c.x.device)))
             return torch.stack(total).mean()
 
         _, (gx, gy) = value_and_grad(f)((x, y))

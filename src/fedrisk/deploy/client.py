@@ -27,6 +27,7 @@ from typing import Any
 from fedrisk.algorithms.base import Algorithm, FedInfo, LocalData, RoundContext
 from fedrisk.deploy.records import Meta, decode, encode
 from fedrisk.rng import client_generator
+from fedrisk.runtime.device import to_device
 from fedrisk.tree import Tree
 
 
@@ -39,8 +40,10 @@ def client_round(
     the new state stays on the node (see :mod:`fedrisk.deploy.state`).
     """
     payload, meta = decode(content)
+    # messages and a node's kept states are read on the CPU; the node's data say its run.device
+    payload, state = to_device(payload, data.x.device), to_device(state, data.x.device)
     ctx = RoundContext(meta.round, fed, meta.kind or "train")
     gen = client_generator(meta.seed, meta.round, meta.client)
-    draws = algorithm.draw(ctx, meta.client, int(data.size), gen)
+    draws = to_device(algorithm.draw(ctx, meta.client, int(data.size), gen), data.x.device)
     result = algorithm.client_update(ctx, payload, state, data, draws)
     return encode({"reply": result.reply, "metrics": result.metrics}, meta), result.state, meta

@@ -30,9 +30,12 @@ from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
+
 from fedrisk.aggregators.base import InMemoryReplies
 from fedrisk.algorithms.base import Algorithm, LocalData, RoundContext, RoundPlan
 from fedrisk.deploy.records import Meta, decode, encode, message_type
+from fedrisk.runtime.device import plan_device, to_device
 from fedrisk.runtime.executor import ClientFailure, Executor, RoundOutput, check_reply
 from fedrisk.tree import Tree
 
@@ -78,6 +81,7 @@ class MessageExecutor(Executor):
         on_failure: str = "raise",
     ) -> RoundOutput:
         kind = message_type(ctx.kind)
+        home = plan_device(plan, data[0].x.device if data else torch.device("cpu"))
         requests = {
             k: (kind, encode(plan.payload(k), Meta(ctx.round, k, seed, ctx.kind, self.experiment, self.session)))
             for k in plan.clients
@@ -99,6 +103,7 @@ class MessageExecutor(Executor):
                 reason = f"client {k} replied with an error in round {ctx.round}: {answer}"
             else:
                 tree, meta = decode(answer)
+                tree = to_device(tree, home)  # messages arrive on the CPU; the server's run.device
                 if (meta.round, meta.client) != (ctx.round, k):
                     reason = f"client {k}'s reply is for round {meta.round}, client {meta.client} (round {ctx.round})"
                 else:

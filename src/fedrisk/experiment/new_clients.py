@@ -61,6 +61,7 @@ from fedrisk.autodiff import value_and_grad
 from fedrisk.data.federation import Federation
 from fedrisk.errors import FedriskError
 from fedrisk.rng import client_generator, generator
+from fedrisk.runtime.device import to_device
 from fedrisk.runtime.evaluation import LOWER_IS_BETTER, client_summary, score_split
 from fedrisk.runtime.simulation import Simulation, fed_info, local_data
 from fedrisk.tree import Tree, tree_flatten_vector, tree_map, tree_to
@@ -118,7 +119,7 @@ def perm_new_clients(
     objective = supervised_objective(alg.model.apply, alg.loss)
     weights, models = [], []
     for c, samples in enumerate(new.clients):
-        mine = local_data(samples.to(sim.dtype))
+        mine = local_data(samples.to(sim.dtype, sim.device))
         sizes = [*sim.federation.client_sizes, len(samples)]
         if isinstance(alg, PERM):
             D = squared_distances(torch.cat([grads, _gradient(alg, w, mine)[None]]))
@@ -150,12 +151,14 @@ def apple_new_clients(sim: Simulation, new: Federation, rounds: int = 1) -> tupl
     N = sim.federation.num_clients
     models, weights = [], []
     for c, samples in enumerate(new.clients):
-        data = local_data(samples.to(sim.dtype))
+        data = local_data(samples.to(sim.dtype, sim.device))
         dtype = next(iter(cores.values())).dtype if isinstance(cores, dict) else sim.dtype
-        state = {"p": torch.full((N,), 1.0 / N, dtype=dtype), "me": torch.zeros(N, dtype=dtype)}  # no own core
+        on = {"dtype": dtype, "device": sim.device}
+        state = {"p": torch.full((N,), 1.0 / N, **on), "me": torch.zeros(N, **on)}  # no own core
         for r in range(rounds):  # the client's own rounds 0, 1, ...: lam(r) from its start
             ctx = RoundContext(r, sim.info)
             draws = alg.draw(ctx, c, len(samples), client_generator(sim.seed, 10**9 + r, c, "new_client"))
+            draws = to_device(draws, sim.device)
             state = alg.client_update(ctx, {"cores": cores}, state, data, draws).state
         weights.append(state["p"])
         models.append(combine(cores, state["p"]))
@@ -169,16 +172,16 @@ def rule_new_clients(sim: Simulation, new: Federation, rounds: int = 1) -> list[
     plan = alg.configure(RoundContext(sim.round, sim.info), state, torch.Generator().manual_seed(sim.round))
     models = []
     for c, samples in enumerate(new.clients):
-        data = local_data(samples.to(sim.dtype))
+        data = local_data(samples.to(sim.dtype, sim.device))
         params0 = alg.global_params(state)  # the new client's own model starts at the trained global one
         if params0 is None:  # (FedFomo, IFCA: at the run's initial model)
-            params0 = tree_to(alg.init_params(generator(sim.seed, "init")), sim.dtype)
-        client_state = alg.init_client(RoundContext(0, info, "init"), c, params0)
-        payload = _payload(alg, state, plan, c, sim)
+            params0 = tree_to(alg.init_params(generator(sim.seed, "init")), sim.dtype, sim.device)
+        client_state = to_device(alg.init_client(RoundContext(0, info, "init"), c, params0), sim.device)
+        payload = to_device(_payload(alg, state, plan, c, sim), sim.device)
         for r in range(rounds):
             ctx = RoundContext(sim.round + r, sim.info, plan.kind)
             rng = client_generator(sim.seed, 10**9 + r, c, "new_client")
-            draws = alg.draw(ctx, c, len(samples), rng)
+            draws = to_device(alg.draw(ctx, c, len(samples), rng), sim.device)
             client_state = alg.client_update(ctx, payload, client_state, data, draws).state
         models.append(alg.personal_params(state, client_state, c))
     return models
@@ -228,7 +231,7 @@ def personalise_new_clients(
         models = rule_new_clients(sim, new, rounds)
     rows, per_metric, sizes = [], {m: [] for m in metrics}, []
     for c, (params, test) in enumerate(zip(models, new.client_tests)):  # type: ignore[arg-type]
-        scores = score_split(alg, params, test.to(sim.dtype), metrics)
+        scores = score_split(alg, params, test.to(sim.dtype, sim.device), metrics)
         rows.append({"client": c, "test_samples": len(test), **scores})
         for m, v in scores.items():
             per_metric[m].append(v)

@@ -95,10 +95,14 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def atomic_torch_save(obj: Any, path: str | Path) -> None:
-    """``torch.save`` to a temporary file, then ``os.replace`` onto ``path``."""
+    """``torch.save`` to a temporary file, then ``os.replace`` onto ``path``; tensors are saved
+    from the CPU (a model trained on a GPU loads anywhere without ``map_location``)."""
     import torch
 
-    _atomic(Path(path), lambda fh: torch.save(obj, fh))
+    from fedrisk.runtime.device import to_device
+
+    cpu = to_device(obj, torch.device("cpu"))
+    _atomic(Path(path), lambda fh: torch.save(cpu, fh))
 
 
 def write_json(path: str | Path, obj: Any) -> None:
@@ -250,8 +254,10 @@ def load_run(path: str | Path) -> RunData:
 
 def _tune_trial(run: Path, top: Path) -> bool:
     """Whether ``run`` is a trial of a ``fedrisk tune`` study below ``top`` (``STUDY/trials/<n>``)."""
+    from fedrisk.experiment.tune_storage import has_study
+
     study = run.parent.parent
-    if run.parent.name != "trials" or not (study / "study.db").is_file():
+    if run.parent.name != "trials" or not has_study(study):
         return False
     return top.resolve() not in (study.resolve(), run.parent.resolve())
 

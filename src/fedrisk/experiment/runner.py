@@ -95,6 +95,7 @@ from fedrisk.experiment.selection import (
 )
 from fedrisk.experiment.tracking import open_tracking
 from fedrisk.runtime.client_store import DiskClientStates, is_snapshot_ref, snapshot_problem
+from fedrisk.runtime.device import resolve_device
 from fedrisk.runtime.evaluation import check_client_splits
 from fedrisk.runtime.executor import Executor
 from fedrisk.runtime.norm_stats import with_norm_stats
@@ -239,6 +240,7 @@ def build_simulation(
         min_replies=cfg["run.min_replies"],
         init_params=init_params,
         client_store=client_store if cfg["run.client_states"] == "disk" else None,
+        device=resolve_device(cfg["run.device"], "run.device"),
     )
     resolved = {
         "seed": seed,

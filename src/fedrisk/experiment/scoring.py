@@ -136,6 +136,8 @@ def evaluate_run(
         if other.get("imports"):
             raw["imports"] = sorted(set(raw.get("imports", [])) | set(other["imports"]))
     raw.setdefault("run", {})["select_by"] = "none"  # nothing is selected here
+    if str(raw["run"].get("device", "cpu")).startswith("cuda") and not torch.cuda.is_available():
+        raw["run"]["device"] = "cpu"  # a run trained on a GPU is scored on a machine without one
     raw["run"]["metrics"] = list(metrics) if metrics else raw["run"].get("metrics", [])
     cfg = resolve_config(raw, source=Path(config) if config is not None else rd.config)
     sim = build_simulation(cfg).simulation
@@ -174,4 +176,4 @@ def evaluate_run(
 def _to_dtype(tree: Any, like: Any) -> Any:
     from fedrisk.tree import tree_map
 
-    return tree_map(lambda t, ref: t.to(ref.dtype), tree, like)
+    return tree_map(lambda t, ref: t.to(device=ref.device, dtype=ref.dtype), tree, like)

@@ -230,6 +230,13 @@ class Run(Section):
         semantic=False,
     )
     threads: int = key(0, "torch threads (0 = torch's default)", ge=0, semantic=False)
+    device: str = key(
+        "cpu",
+        'where data, parameters and states live: "cpu", "cuda" (under torchrun: the GPU LOCAL_RANK), "cuda:N" '
+        'or "auto" (CUDA when available); random draws stay on the CPU generators, so a seed gives the same '
+        "streams on every device (numbers agree to rounding)",
+        semantic=False,
+    )
     init_from: str = key(
         "", 'start from a finished run\'s model: its directory (model.pt) or a .pt file; "" = random init'
     )
@@ -237,7 +244,7 @@ class Run(Section):
 
 class Output(Section):
     dir: str = key("", 'the run directory; "" = runs/<config file name>', semantic=False)
-    plots: bool = key(True, "write PNG plots at the end of the run", semantic=False)
+    plots: bool = key(True, "write PNG plots at the end of the run (and `fedrisk tune`'s history.png)", semantic=False)
     tensorboard: bool = key(
         False,
         "also log every evaluation and the config to TensorBoard event files in DIR/tensorboard "
@@ -706,6 +713,7 @@ def check_select_by(select_by: str, data: Mapping[str, Any], metrics: Sequence[s
 
 def resolve_run(table: Mapping[str, Any], data: Mapping[str, Any] | None, problems: list[str]) -> dict[str, Any] | None:
     from fedrisk.metrics import parse_metric
+    from fedrisk.runtime.device import check_device_spec
 
     out = table_values(Run, table, "run", problems)
     if out is None:
@@ -725,6 +733,9 @@ def resolve_run(table: Mapping[str, Any], data: Mapping[str, Any] | None, proble
             check_select_by(out["select_by"], data, out["metrics"])  # issue 24
         except FedriskError as exc:
             problems.append(str(exc))
+    device_problem = check_device_spec(out["device"], "run.device")
+    if device_problem:
+        problems.append(device_problem)
     if len(set(out["seeds"])) != len(out["seeds"]) or any(s < 0 for s in out["seeds"]):
         problems.append(f"run.seeds = {format_value(out['seeds'])} is not allowed; allowed: distinct integers >= 0")
     return out

@@ -273,7 +273,7 @@ def run_tuned_sweep(
 
     Every variant is checked (its space and the metric) before the first trial starts.
     """
-    from fedrisk.experiment.tune import run_tune, select_overrides, tune_spec
+    from fedrisk.experiment.tune import has_study, run_tune, select_overrides, tune_spec
 
     out = Path(out)
     stream = stream if stream is not None else sys.stderr
@@ -294,7 +294,7 @@ def run_tuned_sweep(
     for name, (vcfg, spec) in specs.items():
         folder = out / name if name else out
         study = folder / "tune"
-        resume = (study / "study.db").is_file()
+        resume = has_study(study)
         shown = ", ".join(f"{k}={d.spec}" for k, d in spec.space.items())
         echo(f"tune {name or '(base)'}: {spec.trials} trials of {shown} on {spec.metric} -> {study}")
         result = run_tune(vcfg, study, spec, resume=resume, echo=lambda line, n=name: echo(f"  {n} {line}".rstrip()))

@@ -9,7 +9,7 @@ or successive halving) stops an unpromising trial right after the evaluation tha
 The study lives in the run folder::
 
     OUT/tune.toml     the base config and the study's settings (what --resume checks)
-    OUT/study.db      Optuna's SQLite storage: every trial, its values and intermediate values
+    OUT/study.journal Optuna's journal storage: every change to the study, one JSON line each
     OUT/trials/<n>/   one run directory per trial (config.toml, metrics.jsonl, summary.json)
     OUT/best.toml     the base config with the best values filled in (`fedrisk run OUT/best.toml`)
     OUT/trials.md     a Markdown table of the trials
@@ -22,7 +22,7 @@ Search spaces are strings: ``log:LO:HI`` (floats, log-uniform, 0 < LO < HI), ``f
 Reproducibility and resuming.  The sampler is re-seeded before each proposal from
 ``(run.seed, number of trials counted so far)``, so a proposal depends only on the seed and
 the finished trials, not on how many processes came and went.  A tune killed at any moment
-(even ``kill -9``) continues with ``--resume``: finished trials are kept in the SQLite file; a
+(even ``kill -9``) continues with ``--resume``: finished trials are kept in the journal; a
 trial that was running is marked failed-interrupted (not counted) and proposed again with the
 same values, in the same run directory (resumed from its checkpoint when it has one).  With
 one job a resumed tune therefore ends with the same trials as an uninterrupted one.  With
@@ -41,13 +41,10 @@ Example (the random start-up trials before TPE and the median pruner take over):
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import math
 import time
 import warnings
-import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +69,18 @@ from fedrisk.experiment.tune_space import (
     select_overrides,
     short,
 )
+from fedrisk.experiment.tune_storage import (
+    OLD_STUDY_FILE,
+    STUDY_FILE,
+    STUDY_NAME,
+    has_study,
+    journal_storage,
+    migrate,
+    new_journal,
+    repair,
+)
+from fedrisk.experiment.tune_storage import flock as _flock
+from fedrisk.experiment.tune_storage import optuna_module as _optuna
 
 __all__ = [
     "Dimension",
@@ -79,6 +88,7 @@ __all__ = [
     "Reporter",
     "TuneResult",
     "TuneSpec",
+    "has_study",
     "open_study",
     "parse_dimension",
     "parse_space",
@@ -90,8 +100,6 @@ __all__ = [
 ]
 
 SPEC_FILE = "tune.toml"
-STUDY_FILE = "study.db"
-STUDY_NAME = "fedrisk"
 TRIALS_DIR = "trials"
 
 
@@ -171,16 +179,6 @@ def tune_spec(
 # ============================================================================= Optuna pieces
 
 
-def _optuna() -> Any:
-    try:
-        import optuna
-    except ImportError:  # pragma: no cover - a dependency of fedrisk
-        raise FedriskError("fedrisk tune needs optuna (pip install 'optuna>=4,<6')") from None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    return optuna
-
-
 def startup_trials(trials: int) -> int:
     """Trials proposed at random before the TPE model (and the median pruner) take over: a
     quarter of the budget, between 2 and 10 (Optuna's default of 10 suits budgets of 40+).
@@ -244,51 +242,18 @@ def make_pruner(spec: TuneSpec) -> Any:
     return optuna.pruners.NopPruner()
 
 
-def storage_url(out: Path) -> str:
-    return f"sqlite:///{(Path(out) / STUDY_FILE).resolve()}"
-
-
-def _connect(path: Path) -> Any:
-    """A SQLite connection in write-ahead-log mode without a sync per commit: a killed process
-    loses nothing it committed (the operating system holds the pages); only a power cut could
-    lose the last commits.  Each commit then costs microseconds instead of an fsync (about
-    20 ms on a busy disk, for every reported evaluation)."""
-    import sqlite3
-
-    conn = sqlite3.connect(str(path), timeout=60, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    return conn
-
-
-_storages: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # study -> its RDBStorage
-
-
 def open_study(out: Path, spec: TuneSpec, create: bool = False) -> tuple[Any, Any]:
-    """The study in ``out`` (SQLite, see :func:`_connect`) and its sampler."""
+    """The study in ``out`` (its journal, see :mod:`fedrisk.experiment.tune_storage`) and its sampler."""
     optuna = _optuna()
-    db = (Path(out) / STUDY_FILE).resolve()
-    storage = optuna.storages.RDBStorage(
-        storage_url(out), engine_kwargs={"creator": lambda: _connect(db)}, skip_compatibility_check=True
-    )
     sampler = _Reseeded(spec)
     if create:
-        study = optuna.create_study(
-            storage=storage, study_name=STUDY_NAME, direction=spec.direction, sampler=sampler, pruner=make_pruner(spec)
-        )
-    else:
-        study = optuna.load_study(storage=storage, study_name=STUDY_NAME, sampler=sampler, pruner=make_pruner(spec))
-    _storages[study] = storage
+        new_journal(out, lambda s: optuna.create_study(storage=s, study_name=STUDY_NAME, direction=spec.direction))
+    elif not (Path(out) / STUDY_FILE).is_file():  # Optuna's backend would create an empty one
+        raise FedriskError(f"{out} holds no tune ({STUDY_FILE})")
+    study = optuna.load_study(
+        storage=journal_storage(out), study_name=STUDY_NAME, sampler=sampler, pruner=make_pruner(spec)
+    )
     return study, sampler
-
-
-def close_connections(study: Any) -> None:
-    """Close the study's open SQLite connections (it opens new ones when used again): a
-    connection must not cross a fork, so the tuner calls this before forking its workers."""
-    storage = _storages.get(study)
-    if storage is not None:
-        storage.scoped_session.remove()
-        storage.engine.dispose()
 
 
 def counted(trial: Any) -> bool:
@@ -301,21 +266,6 @@ def counted(trial: Any) -> bool:
 WORKERS_LOCK = ".workers.lock"
 """Held (shared) by every worker process for its life: a tune whose main process was killed
 leaves its workers finishing the study, and no new tune may touch the study until they end."""
-
-
-@contextlib.contextmanager
-def _flock(path: Path, blocking: bool = True, shared: bool = False) -> Iterator[None]:
-    with open(path, "a") as fh:
-        try:
-            fcntl.flock(fh, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            raise FedriskError(
-                f"{path.parent} is in use by another fedrisk tune (or its worker processes); wait for it or stop it"
-            ) from None
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 # ============================================================================= trials
@@ -503,17 +453,24 @@ def _read_spec_file(out: Path) -> dict[str, Any]:
 
 
 def prepare_study(
-    out: Path, base: ExperimentConfig, spec: TuneSpec, *, resume: bool, overwrite: bool
+    out: Path,
+    base: ExperimentConfig,
+    spec: TuneSpec,
+    *,
+    resume: bool,
+    overwrite: bool,
+    echo: Callable[[str], None] = lambda line: None,
 ) -> tuple[Any, Any]:
     """Create the study in ``out``, or check that it is the same study and recover its
-    interrupted trials (``resume``)."""
+    interrupted trials (``resume``; an older fedrisk's ``study.db`` is copied first, see
+    :func:`~fedrisk.experiment.tune_storage.migrate`)."""
     with _flock(out / WORKERS_LOCK, blocking=False):  # no worker of an earlier tune is still running
         pass
-    exists = (out / STUDY_FILE).is_file()
+    exists = has_study(out)
     if exists and overwrite:
         import shutil
 
-        for name in (STUDY_FILE, SPEC_FILE, TRIALS_DIR):
+        for name in (STUDY_FILE, OLD_STUDY_FILE, SPEC_FILE, TRIALS_DIR):
             p = out / name
             shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
         exists = False
@@ -539,6 +496,11 @@ def prepare_study(
             "options, or start again with --overwrite"
         )
     atomic_write_text(out / SPEC_FILE, _spec_toml(base, spec))
+    if (out / STUDY_FILE).is_file():
+        if cut := repair(out / STUDY_FILE):
+            echo(f"{STUDY_FILE}: dropped {cut} record(s) cut short by a killed process")
+    else:
+        migrate(out, echo)
     study, sampler = open_study(out, spec)
     optuna = _optuna()
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
@@ -558,9 +520,10 @@ def run_tune(
     resume: bool = False,
     overwrite: bool = False,
     echo: Callable[[str], None] | None = None,
-    plots: bool = True,
+    plots: bool | None = None,
 ) -> TuneResult:
-    """Run (or continue) the study of ``spec`` on ``base`` into ``out`` and write its outputs.
+    """Run (or continue) the study of ``spec`` on ``base`` into ``out`` and write its outputs
+    (``history.png`` when ``plots``, by default the config's ``output.plots``).
 
     Example:
         >>> import tempfile
@@ -576,12 +539,13 @@ def run_tune(
     echo = echo or (lambda line: None)
     out.mkdir(parents=True, exist_ok=True)
     with _flock(out / ".tune.lock", blocking=False), reuse_federations():  # the data is loaded once
-        study, sampler = prepare_study(out, base, spec, resume=resume, overwrite=overwrite)
+        study, sampler = prepare_study(out, base, spec, resume=resume, overwrite=overwrite, echo=echo)
         if spec.jobs <= 1:
             while run_trial(study, sampler, base, spec, out, echo, out / ".ask.lock"):
                 pass
         else:
             from fedrisk.experiment.tune_workers import run_workers
 
-            run_workers(out, spec, echo, base=base, study=study)
+            run_workers(out, spec, echo, base=base)
+        plots = bool(base["output.plots"]) if plots is None else plots
         return write_outputs(out, base, spec, plots=plots, study=study)

@@ -1,5 +1,5 @@
 """Parallel trials of ``fedrisk tune --jobs J``: J worker processes share the study in ``OUT``
-through its SQLite storage; proposals are serialised by a file lock, each worker runs its
+through its journal file; proposals are serialised by a file lock, each worker runs its
 trials in-process, and every worker holds a shared lock on ``OUT/.workers.lock`` for its life
 (see :mod:`fedrisk.experiment.tune`).
 
@@ -33,13 +33,12 @@ from fedrisk.experiment.runner import RunInterrupted
 from fedrisk.experiment.tune import (
     WORKERS_LOCK,
     TuneSpec,
-    _flock,
     _read_spec_file,
-    close_connections,
     open_study,
     run_trial,
 )
 from fedrisk.experiment.tune_space import parse_dimension
+from fedrisk.experiment.tune_storage import flock
 
 
 def worker_threads(base: ExperimentConfig | None, jobs: int) -> int:
@@ -117,16 +116,12 @@ def _prefetch(base: ExperimentConfig, spec: TuneSpec) -> None:
         pass
 
 
-def run_workers(
-    out: Path, spec: TuneSpec, echo: Callable[[str], None], base: ExperimentConfig | None = None, study: Any = None
-) -> None:
+def run_workers(out: Path, spec: TuneSpec, echo: Callable[[str], None], base: ExperimentConfig | None = None) -> None:
     """``spec.jobs`` worker processes share the study (forked from this one when :func:`forks`)."""
     procs: list[tuple[Any, Any]] = []
     if forks(base, spec):
         assert base is not None
         _prefetch(base, spec)
-        if study is not None:
-            close_connections(study)
         for i in range(spec.jobs):
             log = open(out / f"worker{i}.log", "w")  # noqa: SIM115 - closed below
             procs.append((_Forked(lambda: work(out, base, spec), log), log))
@@ -146,12 +141,14 @@ def run_workers(
             p.send_signal(signum)
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    seen, shown = 0, time.perf_counter()
+    seen: dict[str, int] = {}
+    shown = time.perf_counter()
     try:
         while any(p.poll() is None for p, _ in procs):
             time.sleep(0.02)  # notice the last worker's end at once; echo its lines twice a second
             if time.perf_counter() - shown > 0.5:
-                seen, shown = _echo_new(out, seen, echo), time.perf_counter()
+                _echo_new(out, seen, echo)
+                shown = time.perf_counter()
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
@@ -167,18 +164,19 @@ def run_workers(
         raise FedriskError(f"tune worker {i} exited with status {code}: {' '.join(tail)} (log: {out}/worker{i}.log)")
 
 
-def _echo_new(out: Path, seen: int, echo: Callable[[str], None]) -> int:
-    lines = []
+def _echo_new(out: Path, seen: dict[str, int], echo: Callable[[str], None]) -> None:
+    """Echo each worker log's trial lines not echoed yet; ``seen`` counts them per log (a count
+    over all logs together would repeat one worker's lines and skip another's as they interleave)."""
     for log in sorted(out.glob("worker*.log")):
-        lines += [ln for ln in log.read_text().splitlines() if ln.startswith("[trial ")]
-    for line in lines[seen:]:
-        echo(line)
-    return max(seen, len(lines))
+        lines = [ln for ln in log.read_text().splitlines() if ln.startswith("[trial ")]
+        for line in lines[seen.get(log.name, 0) :]:
+            echo(line)
+        seen[log.name] = max(seen.get(log.name, 0), len(lines))
 
 
 def work(out: Path, base: ExperimentConfig, spec: TuneSpec) -> int:
     """One worker's loop: run trials of the study in ``out`` until the budget is spent; its exit status."""
-    with _flock(out / WORKERS_LOCK, shared=True), reuse_federations():
+    with flock(out / WORKERS_LOCK, shared=True), reuse_federations():
         study, sampler = open_study(out, spec)
         try:
             while run_trial(study, sampler, base, spec, out, lambda line: print(line, flush=True), out / ".ask.lock"):

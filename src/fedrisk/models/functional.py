@@ -167,6 +167,8 @@ class FunctionalModel:
         self.names = [name for name, _ in module.named_parameters()]
         self.stat_names = [f"{n}.{b}" if n else b for n in self.norm_layers for b in ("running_mean", "running_var")]
         self._buffers = dict(module.named_buffers())
+        self._buffer_device = next(iter(self._buffers.values())).device if self._buffers else torch.device("cpu")
+        self._buffer_copies: dict[torch.device, dict[str, Tensor]] = {}
         self._functional_forward = getattr(module, "functional_forward", None)
         self._scopes: list[Any] = []
         self._layer_names = {id(layer): prefix for prefix, layer in self.norm_layers.items()}
@@ -309,14 +311,24 @@ class FunctionalModel:
                 missing = sorted(set(self.names) - set(params))
                 raise RuntimeError(f"missing parameters {missing} (expected exactly {self.names})")
             return self._functional_forward(params, x)
-        state = {**self._buffers, **params} if self._buffers else dict(params)
+        state = {**self._buffers_on(x.device), **params} if self._buffers else dict(params)
         if not self.norm_layers:
             return functional_call(self.module, state, (x,), strict=True)
         from fedrisk.models.norm import NormScope, active
 
-        scope = self._scopes[-1] if self._scopes else NormScope(self.init_stats(), train=False)
+        scope = self._scopes[-1] if self._scopes else NormScope(self.init_stats(device=x.device), train=False)
         with active(scope, self._layer_names):
             return functional_call(self.module, state, (x,), strict=True)
+
+    def _buffers_on(self, device: torch.device) -> dict[str, Tensor]:
+        """The module's constant buffers on ``device`` (copied there once; the module itself
+        stays where it was built)."""
+        if device == self._buffer_device:
+            return self._buffers
+        moved = self._buffer_copies.get(device)
+        if moved is None:
+            moved = self._buffer_copies[device] = {k: v.to(device) for k, v in self._buffers.items()}
+        return moved
 
     def apply_stacked(self, stacked: Mapping[str, Tensor], x: Tensor, *, shared_input: bool = False) -> Tensor:
         """:meth:`apply` vmapped over the leading (client) dimension of ``stacked``.

@@ -194,8 +194,8 @@ def generator_samples(x: Tree, algorithm: Any, num_samples: int = 2000) -> Tenso
         >>> generator_samples(alg.model.init_params(0), alg, 5).shape
         torch.Size([5, 2])
     """
-    dtype = tensor_leaves(x)[0].dtype
-    z = torch.randn(num_samples, algorithm.noise_dim, generator=torch.Generator().manual_seed(0)).to(dtype)
+    dtype, device = tensor_leaves(x)[0].dtype, tensor_leaves(x)[0].device
+    z = torch.randn(num_samples, algorithm.noise_dim, generator=torch.Generator().manual_seed(0)).to(device, dtype)
     with torch.no_grad():
         return algorithm.model.apply(x, z).reshape(num_samples, -1)
 
@@ -226,7 +226,7 @@ def mixture_metrics(x: Tree, y: Tree, federation: Any, algorithm: Any, num_sampl
     if "centers" not in notes:
         return {}
     samples = generator_samples(x, algorithm, num_samples)
-    centers = torch.tensor(notes["centers"], dtype=samples.dtype)
+    centers = torch.tensor(notes["centers"], dtype=samples.dtype, device=samples.device)
     dist = torch.cdist(samples, centers)
     nearest, which = dist.min(dim=1)
     good = nearest <= 3.0 * float(notes["std"])

@@ -52,7 +52,7 @@ def ideal_dcg(relevance: Tensor, k: int | None = None) -> Tensor:
     r = torch.sort(relevance.to(torch.float64), descending=True).values
     if k is not None:
         r = r[:k]
-    positions = torch.arange(2, r.shape[0] + 2, dtype=torch.float64)
+    positions = torch.arange(2, r.shape[0] + 2, dtype=torch.float64, device=r.device)
     return ((2.0**r - 1) / torch.log2(positions)).sum()
 
 
@@ -71,7 +71,7 @@ def check_queries(relevance: Tensor, queries: Tensor, where: str = "data") -> No
     if torch.any(relevance < 0):
         raise FedriskError(f"{where}: relevance labels must be >= 0; got {int(relevance.min())}")
     ids = torch.unique(queries)
-    best = torch.zeros(ids.shape[0], dtype=relevance.dtype).scatter_reduce(
+    best = torch.zeros(ids.shape[0], dtype=relevance.dtype, device=relevance.device).scatter_reduce(
         0, torch.searchsorted(ids, queries), relevance, reduce="amax", include_self=True
     )
     empty = ids[best <= 0]

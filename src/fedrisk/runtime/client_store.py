@@ -75,8 +75,15 @@ class DiskClientStates(MutableMapping[int, Tree]):
     earlier run) are removed; its snapshots are kept for :meth:`restore`.
     """
 
-    def __init__(self, folder: str | Path, num_clients: int, initial: Callable[[int], Tree]) -> None:
+    def __init__(
+        self,
+        folder: str | Path,
+        num_clients: int,
+        initial: Callable[[int], Tree],
+        device: str | torch.device = "cpu",
+    ) -> None:
         self.folder = Path(folder)
+        self.device = torch.device(device)  # where states are read to (the simulation's device)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.num_clients = int(num_clients)
         self.initial = initial
@@ -109,7 +116,7 @@ class DiskClientStates(MutableMapping[int, Tree]):
             data = p.read_bytes()
             if hashlib.sha256(data).hexdigest() != self.digests[k]:
                 raise ValueError("its SHA-256 digest differs from the one recorded when it was written")
-            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            return torch.load(io.BytesIO(data), map_location=self.device, weights_only=True)
         except Exception as exc:
             raise FedriskError(f"cannot read the state of client {k} from {p}: {type(exc).__name__}: {exc}") from None
 

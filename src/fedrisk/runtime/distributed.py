@@ -215,10 +215,12 @@ def _metric_in(x: Any) -> Any:
     return x
 
 
-def _home_device(plan: RoundPlan) -> torch.device:
-    """Where gathered / reduced values go: the device of the server's broadcast (else CPU)."""
-    leaves = tensor_leaves(dict(plan.broadcast))
-    return leaves[0].device if leaves else torch.device("cpu")
+def _home_device(plan: RoundPlan, default: torch.device) -> torch.device:
+    """Where gathered / reduced values go (:func:`~fedrisk.runtime.device.plan_device`; ``default``:
+    the data's device)."""
+    from fedrisk.runtime.device import plan_device
+
+    return plan_device(plan, default)
 
 
 # -- the executor --------------------------------------------------------------------------
@@ -344,6 +346,7 @@ class DistributedExecutor(Executor):
         self.check_replicas = bool(check_replicas)
         self._local: Executor | None = None
         self._comm_device = torch.device("cpu")
+        self._data_device = torch.device("cpu")  # set by prepare: where the round's replies live by default
         self._registered = False
 
     @contextlib.contextmanager
@@ -455,6 +458,7 @@ class DistributedExecutor(Executor):
     def prepare(self, algorithm: Algorithm, data: Sequence[LocalData]) -> None:
         """Join the process group, check the world against the federation, prepare the local executor."""
         self._init_process_group(data[0].x.device if data else None)
+        self._data_device = data[0].x.device if data else torch.device("cpu")
         world, num_clients = self.world_size, len(data)
         if world > num_clients:
             raise FedriskError(
@@ -499,7 +503,7 @@ class DistributedExecutor(Executor):
         if self._local is None:
             raise RuntimeError("DistributedExecutor.prepare was not called")
         rank, world = self.rank, self.world_size
-        home = _home_device(plan)
+        home = _home_device(plan, self._data_device)
         mine = shard_clients(plan.clients, rank, world)
         local_replies: Replies | None = None
         new_states: dict[int, Tree] = {}

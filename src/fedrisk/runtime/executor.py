@@ -19,6 +19,7 @@ from fedrisk.aggregators.base import InMemoryReplies, Replies
 from fedrisk.algorithms.base import Algorithm, ClientResult, LocalData, RoundContext, RoundPlan
 from fedrisk.errors import FedriskError
 from fedrisk.rng import client_generator
+from fedrisk.runtime.device import to_device
 from fedrisk.tree import Tree, tensor_leaves, tree_all_finite
 
 T = TypeVar("T")
@@ -152,6 +153,8 @@ class SequentialExecutor(Executor):
             gen = client_generator(seed, ctx.round, k)
             try:
                 draws = algorithm.draw(ctx, k, int(data[k].size), gen)
+                if data[k].x.device.type != "cpu":  # CPU generators' draws meet the device's data
+                    draws = to_device(draws, data[k].x.device)
                 result = algorithm.client_update(ctx, plan.payload(k), states[k], data[k], draws)
             except FedriskError:
                 if on_failure == "raise":  # an earlier NaN reply would have stopped the run first

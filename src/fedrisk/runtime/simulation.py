@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ from fedrisk.data.federation import Federation, Samples
 from fedrisk.data.validate import check_federation
 from fedrisk.errors import FedriskError, unknown_name
 from fedrisk.rng import generator, server_generator
+from fedrisk.runtime.device import resolve_device, to_device
 from fedrisk.runtime.executor import ClientFailure, Executor
 from fedrisk.runtime.ledger import CommLedger
 from fedrisk.runtime.norm_stats import with_norm_stats
@@ -55,6 +57,10 @@ def fed_info(federation: Federation) -> FedInfo:
 
 def local_data(samples: Samples) -> LocalData:
     return LocalData(samples.x, samples.y, torch.tensor(len(samples)), dict(samples.attrs))
+
+
+def _data_device(federation: Federation) -> torch.device:
+    return federation.clients[0].x.device if federation.clients else torch.device("cpu")
 
 
 def make_executor(executor: Executor | str) -> Executor:
@@ -97,6 +103,11 @@ class Simulation:
             with a :class:`~fedrisk.runtime.executor.ClientFailure` before anything is updated
             (the round is not counted as completed).
         init_params: initial model parameters (default: ``algorithm.init_params``).
+        device: where the data, parameters and server / client states live: None (default:
+            leave the federation where it is, the CPU for a built one), ``"cpu"``, ``"cuda"``,
+            ``"cuda:N"``, ``"auto"`` (CUDA when available) or a :class:`torch.device` (see
+            :mod:`fedrisk.runtime.device`).  Random draws still come from the CPU generators of
+            :mod:`fedrisk.rng` (the same streams on every device) and are moved to the device.
     """
 
     def __init__(
@@ -113,6 +124,7 @@ class Simulation:
         init_params: Tree | None = None,
         min_replies: int = 1,
         client_store: str | Path | None = None,
+        device: str | torch.device | None = None,
     ) -> None:
         if on_client_failure not in FAILURE_POLICIES:
             raise unknown_name("on_client_failure policy", on_client_failure, FAILURE_POLICIES)
@@ -126,7 +138,12 @@ class Simulation:
         self.algorithm = algorithm
         if attack is not None:  # data attacks (label flipping) change the Byzantine clients' data once
             federation = attack.poison(federation, sorted(set(int(k) for k in byzantine)))
-        self.federation = federation.to(dtype)
+        target = None if device is None else resolve_device(device)
+        self.federation = federation.to(dtype, target)
+        # tensors made on the CPU by an algorithm (a configure / aggregate / client_update that
+        # builds a counter or an index from a generator) are moved here after each step
+        self.device: torch.device = target if target is not None else _data_device(self.federation)
+        self._move = self.device.type != "cpu"
         check_federation(self.federation)
         self.seed = int(seed)
         self.dtype = dtype
@@ -150,16 +167,19 @@ class Simulation:
                 stats = getattr(model, "stat_names", None) or ()
                 check_init_params(init_params, algorithm.init_params(generator(seed, "init")), optional=stats)
             params = init_params
-        params = tree_to(params, dtype)
-        self.server_state: Tree = algorithm.init_server(ctx, params, server_generator(seed, -1, "init"))
+        params = tree_to(params, dtype, self.device if self._move else None)
+        server = algorithm.init_server(ctx, params, server_generator(seed, -1, "init"))
+        self.server_state: Tree = self._here(server)
         self.client_states: MutableMapping[int, Tree]
         if client_store is None:
-            self.client_states = {k: algorithm.init_client(ctx, k, params) for k in range(self.info.num_clients)}
+            self.client_states = {
+                k: self._here(algorithm.init_client(ctx, k, params)) for k in range(self.info.num_clients)
+            }
         else:  # one file per client, written when the client first takes part
             from fedrisk.runtime.client_store import DiskClientStates
 
-            initial = lambda k: algorithm.init_client(ctx, k, params)  # noqa: E731
-            self.client_states = DiskClientStates(client_store, self.info.num_clients, initial)
+            initial = lambda k: self._here(algorithm.init_client(ctx, k, params))  # noqa: E731
+            self.client_states = DiskClientStates(client_store, self.info.num_clients, initial, self.device)
         self.round = 0
         self.ledger = CommLedger()
         self.client_scores: list[dict[str, float]] = []  # per-client values of the latest evaluation
@@ -169,6 +189,12 @@ class Simulation:
         alg, r = self.algorithm, self.round
         plan = alg.configure(RoundContext(r, self.info), self.server_state, server_generator(self.seed, r, "configure"))
         ctx = RoundContext(r, self.info, plan.kind)
+        if self._move:  # e.g. PERM's shuffle, drawn on the CPU, handed to the clients
+            plan = dataclasses.replace(
+                plan,
+                broadcast=self._here(plan.broadcast),
+                per_client=None if plan.per_client is None else self._here(plan.per_client),
+            )
         out = self.executor.run_round(alg, ctx, plan, self.client_states, self.data, self.seed, self.on_client_failure)
         replies = out.replies
         if len(replies.clients) < self.min_replies:
@@ -196,8 +222,8 @@ class Simulation:
                 f"the server state became NaN/inf in round {r} ({alg.name}); the run diverged - "
                 "lower the learning rate(s) or check the data"
             )
-        self.server_state = new_server
-        self.client_states.update(out.states)
+        self.server_state = self._here(new_server)
+        self.client_states.update(self._here(out.states) if self._move else out.states)
         self.ledger.record(r, down, up)
         self.round += 1
         return RoundReport(
@@ -209,6 +235,10 @@ class Simulation:
             train_metrics=_mean_metrics(out.metrics),
             failed=out.failed,
         )
+
+    def _here(self, tree: Any) -> Any:
+        """``tree`` on the simulation's device (unchanged on the CPU)."""
+        return to_device(tree, self.device) if self._move else tree
 
     def _bytes_down(self, plan: Any, clients: Sequence[int]) -> dict[int, int]:
         if plan.per_client is None:
@@ -238,7 +268,7 @@ class Simulation:
         if int(state["seed"]) != self.seed:
             raise FedriskError(f"checkpoint was made with seed {state['seed']}, this run uses seed {self.seed}")
         self.round = int(state["round"])
-        self.server_state = state["server_state"]
+        self.server_state = self._here(state["server_state"])  # checkpoints load on the CPU
         from fedrisk.runtime.client_store import DiskClientStates, is_snapshot_ref
 
         if is_snapshot_ref(state["client_states"]):
@@ -249,7 +279,7 @@ class Simulation:
                 )
             self.client_states.restore(state["client_states"])
         else:
-            states = {int(k): v for k, v in state["client_states"].items()}
+            states = {int(k): self._here(v) for k, v in state["client_states"].items()}
             if isinstance(self.client_states, dict):
                 self.client_states = states
             else:  # a disk store keeps its folder
