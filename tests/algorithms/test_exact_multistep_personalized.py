@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from fedrisk.algorithms import APFL, PFedMe
@@ -55,20 +56,23 @@ def test_pfedme_with_beta_between_and_above_the_trivial_values_over_rounds_match
         sim = Simulation(alg, fed, seed=SEED, dtype=F64)
         w_glob = sim.server_state["params"]["w"].clone()
         for r in range(ROUNDS):
-            sim.step()
-            ws = []
+            report = sim.step()
+            ws, losses = [], []
             for k, s in enumerate(fed.clients):
                 idx = batches(alg, fed, r, k)
                 w = theta = w_glob.clone()
                 for t in range(3):
                     for _ in range(inner):
+                        loss = 0.5 * float(((s.x[idx[t]] @ theta - s.y[idx[t]]) ** 2).mean())
                         theta = theta - plr * (grad(theta, s, idx[t]) + lam * (theta - w))
+                    losses.append(loss)  # f(theta; D) at the last inner step's start
                     w = w - 0.04 * lam * (w - theta)
                 ws.append(w)
                 torch.testing.assert_close(sim.client_states[k]["personal"]["w"], theta, rtol=1e-12, atol=1e-12)
             mean = sum(n * w for n, w in zip(sizes, ws)) / sizes.sum()
             w_glob = (1 - beta) * w_glob + beta * mean
             torch.testing.assert_close(sim.server_state["params"]["w"], w_glob, rtol=1e-12, atol=1e-12)
+            assert report.train_metrics["loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-12)
 
 
 def test_apfl_personal_step_with_its_mixing_factor_over_rounds_matches_alg_1() -> None:
@@ -83,12 +87,13 @@ def test_apfl_personal_step_with_its_mixing_factor_over_rounds_matches_alg_1() -
     v = [w_glob.clone() for _ in fed.clients]
     a = [torch.tensor(a0, dtype=F64) for _ in fed.clients]
     for r in range(ROUNDS):
-        sim.step()
-        ws = []
+        report = sim.step()
+        ws, losses = [], []
         for k, s in enumerate(fed.clients):
             idx = batches(alg, fed, r, k)
             w = w_glob.clone()
             for t in range(3):
+                losses.append(0.5 * float(((s.x[idx[t]] @ w - s.y[idx[t]]) ** 2).mean()))  # f(w; B), w's loss
                 g_w = grad(w, s, idx[t])
                 g_bar = grad(a[k] * v[k] + (1 - a[k]) * w, s, idx[t])
                 a_next = (a[k] - a_lr * torch.dot(v[k] - w, g_bar)).clamp(0.0, 1.0)
@@ -100,6 +105,7 @@ def test_apfl_personal_step_with_its_mixing_factor_over_rounds_matches_alg_1() -
             torch.testing.assert_close(sim.client_states[k]["mix"], a[k], rtol=1e-12, atol=1e-12)
         w_glob = sum(n * w for n, w in zip(sizes, ws)) / sizes.sum()
         torch.testing.assert_close(sim.server_state["params"]["w"], w_glob, rtol=1e-12, atol=1e-12)
+        assert report.train_metrics["loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-12)
         for k in range(3):
             personal = alg.personal_params(sim.server_state, sim.client_states[k], k)["w"]
             torch.testing.assert_close(personal, a[k] * v[k] + (1 - a[k]) * w_glob, rtol=1e-12, atol=1e-12)

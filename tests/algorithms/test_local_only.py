@@ -5,6 +5,8 @@ conformance suite (``tests/conformance``, toy ``Silent``)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -51,9 +53,19 @@ def local_sgd(model, w, s, idx, lr):
     return w
 
 
-def test_each_client_trains_alone_and_sends_nothing() -> None:
+def mean_step_loss(model, w, s, idx, lr):
+    """The mean over the steps of each step's batch loss at the iterate before the step."""
+    total = 0.0
+    for t in range(idx.shape[0]):
+        total += float(cross_entropy(model.apply(w, s.x[idx[t]]), s.y[idx[t]]))
+        w = local_sgd(model, w, s, idx[t : t + 1], lr)
+    return total / idx.shape[0]
+
+
+@pytest.mark.parametrize("sampling", ["with_replacement", "shuffle"])
+def test_each_client_trains_alone_and_sends_nothing(sampling: str) -> None:
     model, fed = logreg(), federation()
-    alg = LocalOnly(model=model, loss=cross_entropy, lr=0.3, local_steps=2, batch_size=4)
+    alg = LocalOnly(model=model, loss=cross_entropy, lr=0.3, local_steps=2, batch_size=4, sampling=sampling)
     sim = Simulation(alg, fed, seed=3, dtype=F64)
     w0 = sim.client_states[0]["params"]
     expected = {k: dict(w0) for k in range(3)}
@@ -61,9 +73,13 @@ def test_each_client_trains_alone_and_sends_nothing() -> None:
         report = sim.step()
         assert report.clients == [0, 1, 2]
         assert report.bytes_down == report.bytes_up == 0
+        losses = []
         for k in range(3):
-            idx = sample_batches(client_generator(3, r, k), fed.client_sizes[k], 2, 4)
+            idx = sample_batches(client_generator(3, r, k), fed.client_sizes[k], 2, 4, sampling)
+            losses.append(mean_step_loss(model, expected[k], sim.federation.clients[k], idx, 0.3))
             expected[k] = local_sgd(model, expected[k], sim.federation.clients[k], idx, 0.3)
+        # the logged training loss: the clients' mean over their steps, at the iterates before each step
+        assert report.train_metrics["loss"] == pytest.approx(sum(losses) / 3, rel=1e-12)
     assert sim.server_state == {}
     assert sim.ledger.total == 0
     for k in range(3):
@@ -93,7 +109,24 @@ def test_centralized_pools_training_data_and_keeps_evaluation_sets() -> None:
     assert pooled.test is fed.test and pooled.validation is fed.validation
     assert pooled.client_tests is not None and len(pooled.client_tests) == 1 and len(pooled.client_tests[0]) == 15
     assert pooled.info["pooled_clients"] == 3
+    assert pooled.name == "toy (pooled)" and pooled.client_validations is None
     assert centralized(federation(tests=False)).client_tests is None
+
+
+def test_centralized_pools_the_client_validation_splits_and_keeps_the_class_names() -> None:
+    import dataclasses
+
+    base = federation()
+    fed = dataclasses.replace(
+        base,
+        clients=[c.subset(range(2, len(c))) for c in base.clients],
+        client_validations=[c.subset(range(2)) for c in base.clients],
+        class_names=("no", "yes"),
+    )
+    pooled = centralized(fed)
+    assert pooled.client_sizes == (21,) and pooled.class_names == ("no", "yes")
+    (valid,) = pooled.client_validations
+    assert torch.equal(valid.x, torch.cat([c.x[:2] for c in base.clients]))
 
 
 def test_centralized_is_minibatch_sgd_on_pooled_data() -> None:
@@ -117,13 +150,26 @@ def test_centralized_is_minibatch_sgd_on_pooled_data() -> None:
 
 def test_centralized_rejects_a_multi_client_federation() -> None:
     alg = Centralized(model=logreg(), loss=cross_entropy)
-    with pytest.raises(FedriskError, match=r"num_clients = 3.*centralized\(federation\)"):
+    pool = "fedrisk.algorithms.local_only.centralized(federation)"
+    with pytest.raises(FedriskError, match=r"num_clients = 3.*" + re.escape(pool) + "$"):
         Simulation(alg, federation())
+    # FedAvg's own checks still apply to the one client
+    with pytest.raises(FedriskError, match=re.escape("clients_per_round = 2 is out of range; allowed: [1, 1]")):
+        Simulation(Centralized(model=logreg(), loss=cross_entropy, clients_per_round=2), centralized(federation()))
 
 
 @pytest.mark.parametrize(
-    "kwargs,needle", [({"lr": 0.0}, "lr = 0.0"), ({"batch_size": 0}, "batch_size"), ({"sampling": "x"}, "sampling")]
+    "kwargs,message",
+    [
+        ({"lr": 0.0}, "lr = 0.0 is not allowed; it must be a number > 0"),
+        ({"lr": float("inf")}, "lr = inf is not allowed; it must be a finite number > 0"),
+        ({"local_steps": 0}, "local_steps = 0 is out of range; allowed: [1, inf)"),
+        ({"local_steps": 1.5}, "local_steps must be an integer >= 1; got 1.5"),
+        ({"batch_size": 0}, "batch_size = 0 is out of range; allowed: [1, inf)"),
+        ({"sampling": "x"}, "unknown sampling 'x'"),
+    ],
 )
-def test_local_only_bad_hyper_parameters(kwargs: dict, needle: str) -> None:
-    with pytest.raises(FedriskError, match=needle):
+def test_local_only_bad_hyper_parameters(kwargs: dict, message: str) -> None:
+    with pytest.raises(FedriskError, match=re.escape(message)):
         LocalOnly(model=logreg(), loss=cross_entropy, **kwargs)
+    LocalOnly(model=logreg(), loss=cross_entropy, lr=1e-9, local_steps=1, batch_size=1)  # the bounds are allowed

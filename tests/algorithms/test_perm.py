@@ -8,6 +8,7 @@ algorithm by ``tests/runtime`` and ``tests/conformance``."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from fedrisk.algorithms.perm import (
     shuffle_hosts,
     squared_distances,
 )
+from fedrisk.algorithms.perm_hetero import width_mask
 from fedrisk.data.federation import Federation, Samples
 from fedrisk.data.sources.synthetic import perm_two_cluster_federation
 from fedrisk.errors import FedriskError
@@ -473,6 +475,75 @@ def test_bad_hyper_parameters_and_empty_clients() -> None:
         Simulation(PERM(model=logreg(), loss=cross_entropy), empty)
 
 
+@pytest.mark.parametrize(
+    ("cls", "key", "value", "message"),
+    [
+        (PERMShuffling, "lr", 0.0, "lr = 0.0 is not allowed; it must be a number > 0"),
+        (PERMShuffling, "local_steps", 0, "local_steps = 0 is out of range; allowed: [1, inf)"),
+        (PERMShuffling, "batch_size", 0, "batch_size = 0 is out of range; allowed: [1, inf)"),
+        (PERMShuffling, "sampling", "shufle", "unknown sampling 'shufle'. Did you mean 'shuffle'? Valid choices: "
+                                               "shuffle, with_replacement"),
+        (PERMShuffling, "clients_per_round", 0, "clients_per_round = 0 is out of range; allowed: [1, inf)"),
+        (PERMShuffling, "weights", "sample", "unknown weights 'sample'. Did you mean 'samples'? Valid choices: "
+                                             "local, samples, uniform"),
+        (PERM, "global_lr", 0.0, "global_lr = 0.0 is out of range; allowed: (0.0, inf)"),
+        (PERM, "lam", 0.0, "lam = 0.0 is out of range; allowed: (0.0, inf)"),
+        (PERM, "warmup_rounds", -1, "warmup_rounds = -1 is out of range; allowed: [0, inf)"),
+        (PERM, "warmup", "fedav", "unknown warmup 'fedav'. Did you mean 'fedavg'? Valid choices: fedavg, uniform"),
+        (PERM, "global_batch", 0, "global_batch = 0 is out of range; allowed: [1, inf)"),
+        (PERM, "alpha_batch", 0, "alpha_batch = 0 is out of range; allowed: [1, inf)"),
+    ],
+)  # fmt: skip
+def test_each_bad_hyper_parameter_is_named(cls, key: str, value, message: str) -> None:
+    with pytest.raises(FedriskError, match="^" + re.escape(message) + "$"):
+        cls(model=logreg(), loss=cross_entropy, **{key: value})
+
+
+def test_hyper_parameters_at_their_bounds_are_allowed() -> None:
+    PERMShuffling(model=logreg(), loss=cross_entropy, lr=1e-9, local_steps=1, batch_size=1, clients_per_round=1)
+    for weights in ("uniform", "samples", "local"):
+        PERMShuffling(model=logreg(), loss=cross_entropy, weights=weights)
+    PERM(model=logreg(), loss=cross_entropy, global_lr=1e-9, lam=1e-9, warmup_rounds=0, global_batch=1, alpha_batch=1)
+    PERM(model=logreg(), loss=cross_entropy, warmup="fedavg")
+    fed = two_clusters(N=4)
+    empty = Federation("gap", [fed.clients[0], fed.clients[1].subset([]), fed.clients[2].subset([])], 2)
+    message = (
+        "perm: clients [1, 2] have no training data; every client hosts a model in every round of PERM's "
+        "schedule, so every client needs n_j >= 1"
+    )
+    with pytest.raises(FedriskError, match="^" + re.escape(message) + "$"):
+        Simulation(PERM(model=logreg(), loss=cross_entropy), empty)
+    Simulation(PERM(model=logreg(), loss=cross_entropy, clients_per_round=4), fed)  # m = N is allowed
+    one_row = Federation("one row", [fed.clients[0], fed.clients[1].subset([0])], 2)
+    Simulation(PERM(model=logreg(), loss=cross_entropy), one_row)  # n_j = 1 is enough
+
+
+def test_two_stage_bad_input_and_no_first_stage() -> None:
+    with pytest.raises(FedriskError, match="^" + re.escape("fedavg_rounds = -1 is out of range; allowed: [0, inf)")):
+        PERMTwoStage(model=logreg(), loss=cross_entropy, fedavg_rounds=-1)
+    message = (
+        "perm_two_stage trains the global model by FedAvg in stage 1 (fedavg_rounds); global_batch, "
+        "warmup_rounds and warmup belong to single-loop 'perm' - leave them unset"
+    )
+    with pytest.raises(FedriskError, match="^" + re.escape(message) + "$"):
+        PERMTwoStage(model=logreg(), loss=cross_entropy, global_batch=4)
+    alg = PERMTwoStage(model=logreg(), loss=cross_entropy, fedavg_rounds=0)  # no stage 1: estimate at w^0
+    sim = Simulation(alg, two_clusters(N=3), seed=0, dtype=F64)
+    assert [sim.step().kind for _ in range(2)] == ["estimate", "shuffle"]
+
+
+def test_a_round_kind_without_a_handler_is_named() -> None:
+    from fedrisk.algorithms.base import RoundContext
+    from fedrisk.runtime.simulation import fed_info
+
+    alg = PERMShuffling(model=logreg(), loss=cross_entropy)
+    ctx = RoundContext(0, fed_info(two_clusters(N=3)), kind="estimate")
+    with pytest.raises(AssertionError, match=r"^unexpected round kind 'estimate'$"):
+        alg.client_update(ctx, {}, {}, None, {})
+    with pytest.raises(AssertionError, match=r"^unexpected round kind 'estimate'$"):
+        alg.aggregate_other(ctx, {}, None, torch.Generator())
+
+
 # ----------------------------------------------------------------------------- executors
 
 
@@ -591,18 +662,58 @@ def test_hetero_models_keep_their_width_and_weak_hosts_train_only_their_part() -
 
 
 @pytest.mark.parametrize(
-    ("model", "widths", "match"),
+    ("model", "widths", "message"),
     [
-        ("mlp", (1.0, 0.0), "width 0.0 cannot be served"),
-        ("mlp", (1.2,), "width 1.2 cannot be served"),
-        ("mlp", (), "at least one width"),
-        ("logreg", (1.0, 0.5), "cannot be served by this model"),
+        ("mlp", (1.0, 0.0), "width 0.0 cannot be served: widths are fractions of the hidden layers in (0, 1]"),
+        ("mlp", (1.2,), "width 1.2 cannot be served: widths are fractions of the hidden layers in (0, 1]"),
+        ("mlp", (), "widths must name at least one width in (0, 1]"),
+        (
+            "logreg",
+            (1.0, 0.5),
+            "heterogeneous widths cannot be served by this model: they need a stack of linear layers with at least "
+            "one hidden layer (model = 'mlp' with hidden = [...]); got parameters ['linear.weight']",
+        ),
     ],
 )
-def test_hetero_widths_that_cannot_be_served(model: str, widths: tuple, match: str) -> None:
+def test_hetero_widths_that_cannot_be_served(model: str, widths: tuple, message: str) -> None:
     m = mlp() if model == "mlp" else logreg()
-    with pytest.raises(FedriskError, match=match):
+    with pytest.raises(FedriskError, match="^" + re.escape(message) + "$"):
         PERMHetero(model=m, loss=cross_entropy, widths=widths)
+    if model == "logreg":  # the model is named before a width it could not serve anyway
+        with pytest.raises(FedriskError, match="^" + re.escape(message) + "$"):
+            PERMHetero(model=m, loss=cross_entropy, widths=(1.5,))
+
+
+def test_width_mask_keeps_the_first_units_of_every_hidden_layer_and_the_outer_layers_whole() -> None:
+    ones = torch.ones
+    p = {"a.weight": ones(6, 3), "a.bias": ones(6), "b.weight": ones(4, 6), "c.weight": ones(2, 4), "c.bias": ones(2)}
+    for ratio, (h1, h2) in ((1.0, (6, 4)), (0.5, (3, 2)), (0.3, (2, 2)), (0.1, (1, 1))):  # ceil(ratio h), at least 1
+        m = width_mask(p, ratio)
+        expected = {k: torch.zeros_like(x) for k, x in p.items()}
+        expected["a.weight"][:h1, :] = 1.0  # every input feeds the first h1 units
+        expected["a.bias"][:h1] = 1.0
+        expected["b.weight"][:h2, :h1] = 1.0
+        expected["c.weight"][:, :h2] = 1.0  # every output reads the first h2 units
+        expected["c.bias"][:] = 1.0
+        assert m.keys() == expected.keys()
+        for k in p:
+            assert torch.equal(m[k], expected[k]), (ratio, k)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ([torch.ones(4, 3), torch.ones(2, 4)], "heterogeneous widths need a model whose parameters are a flat dict "
+                                               "(model = 'mlp')"),
+        (
+            {"a.weight": torch.ones(4, 3), "b.weight": torch.ones(2, 4), "c.bias": torch.ones(4)},
+            "heterogeneous widths: cannot tell which layer ['c.bias'] belong to",
+        ),
+    ],
+)  # fmt: skip
+def test_width_mask_names_what_it_cannot_mask(params, message: str) -> None:
+    with pytest.raises(FedriskError, match="^" + re.escape(message) + "$"):
+        width_mask(params, 0.5)
 
 
 @pytest.mark.parametrize("name", ["synthetic", "fmnist", "fmnist_scaled"])

@@ -6,6 +6,7 @@ Executor equivalence is covered for every registered algorithm by ``tests/runtim
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import pytest
 import torch
 
 from fedrisk.algorithms import APFL, Ditto, FedAvg, LocalizedFedAvg, PerFedAvg, PFedMe
+from fedrisk.algorithms.base import RoundContext
+from fedrisk.algorithms.local import sample_batch, sample_batches
 from fedrisk.data.federation import Federation, Samples
 from fedrisk.data.sources.synthetic import perm_two_cluster_federation
 from fedrisk.errors import FedriskError
@@ -20,7 +23,7 @@ from fedrisk.models import FunctionalModel, build_model
 from fedrisk.objectives.supervised import cross_entropy, mean_squared_error
 from fedrisk.rng import client_generator
 from fedrisk.runtime.evaluation import evaluate
-from fedrisk.runtime.simulation import Simulation
+from fedrisk.runtime.simulation import Simulation, fed_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -82,23 +85,27 @@ def test_per_fedavg_step_matches_the_maml_update(variant: str) -> None:
     fed = least_squares()
     a, b = 0.1, 0.05
     alg = PerFedAvg(**{**COMMON, "lr": b}, inner_lr=a, variant=variant)
-    sim, w0 = one_round(alg, fed)
-    expected = []
+    sim = Simulation(alg, fed, seed=0, dtype=F64)
+    w0 = sim.server_state["params"]["w"].clone()
+    report = sim.step()
+    expected, losses = [], []
     for k, s in enumerate(fed.clients):
         d = draws(alg, fed, k)
         w = w0.clone()
         for t in range(3):
             i1, i2, i3 = d["batches"][3 * t], d["batches"][3 * t + 1], d["batches"][3 * t + 2]
+            losses.append(0.5 * float(((s.x[i1] @ w - s.y[i1]) ** 2).mean()))  # f(w; D) before the step
             g = grad(w - a * grad(w, s, i1), s, i2)
             if variant == "hf":
                 g = g - a * hessian(s, i3) @ g
             w = w - b * g
         expected.append(w)
-        personal = w0 - a * grad(w0, s, d["personal"][0])
+        personal = w0 - a * grad(w0, s, d["personal"])
         torch.testing.assert_close(sim.client_states[k]["personal"]["w"], personal)
     sizes = torch.tensor(fed.client_sizes, dtype=F64)
     mean = sum(n * w for n, w in zip(sizes, expected)) / sizes.sum()
     torch.testing.assert_close(sim.server_state["params"]["w"], mean, rtol=1e-9, atol=1e-9)
+    assert report.train_metrics["loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-12)
 
 
 @pytest.mark.parametrize("beta", [1.0, 0.5])
@@ -120,6 +127,24 @@ def test_pfedme_step_and_server_mixing(beta: float) -> None:
     sizes = torch.tensor(fed.client_sizes, dtype=F64)
     mean = sum(n * w for n, w in zip(sizes, ws)) / sizes.sum()
     torch.testing.assert_close(sim.server_state["params"]["w"], (1 - beta) * w0 + beta * mean)
+
+
+def test_pfedme_hands_the_rounds_generator_to_a_randomised_aggregator() -> None:
+    """A robust rule such as bucketing draws from the server's generator of the round; pFedMe's
+    mixing step must pass it on (without it bucketing falls back to one fixed permutation)."""
+    from fedrisk.aggregators.base import WeightedMean
+
+    seen = []
+
+    class Recording(WeightedMean):
+        def __call__(self, replies, key, weights=None, gen=None):
+            seen.append(gen)
+            return super().__call__(replies, key, weights, gen)
+
+    sim = Simulation(PFedMe(**COMMON, beta=0.5, aggregator=Recording()), least_squares(), seed=0, dtype=F64)
+    for _ in range(2):
+        sim.step()
+    assert len(seen) == 2 and all(isinstance(g, torch.Generator) for g in seen)
 
 
 def test_ditto_personal_model_is_pulled_towards_the_received_global_model() -> None:
@@ -179,22 +204,73 @@ def test_apfl_reductions_and_adaptive_mixing() -> None:
     assert all(0.0 <= float(sim.client_states[k]["mix"]) <= 1.0 for k in range(3))
 
 
+@pytest.mark.parametrize("sampling", ["with_replacement", "shuffle"])
+def test_each_baseline_draws_its_batches_in_its_documented_order(sampling: str) -> None:
+    """From the client's generator, in this order: FedAvg's K local batches, then the
+    fine-tuning batches (localised FedAvg) or the personal batches (Ditto); Per-FedAvg draws
+    3K batches (D, D', D'' per step) and one personalisation batch."""
+    fed, B = least_squares(), 4
+    common = {**COMMON, "sampling": sampling}
+    for k, n in enumerate(fed.client_sizes):
+
+        def gen(k: int = k):
+            return client_generator(0, round=1, client=k)
+
+        g = gen()
+        fine = LocalizedFedAvg(**common, finetune_steps=5)
+        expected = {"batches": sample_batches(g, n, 3, B, sampling), "finetune": sample_batches(g, n, 5, B, sampling)}
+        cases = [(fine, expected)]
+        g = gen()
+        ditto = Ditto(**common, personal_steps=2)
+        expected = {"batches": sample_batches(g, n, 3, B, sampling), "personal": sample_batches(g, n, 2, B, sampling)}
+        cases.append((ditto, expected))
+        g = gen()
+        maml = PerFedAvg(**common)
+        expected = {"batches": sample_batches(g, n, 9, B, sampling), "personal": sample_batch(g, n, B, sampling)}
+        cases.append((maml, expected))
+        for alg, want in cases:
+            got = alg.draw(RoundContext(1, fed_info(fed)), k, n, gen())
+            assert got.keys() == want.keys(), alg.name
+            for key in want:
+                assert torch.equal(got[key], want[key]), (alg.name, key)
+
+
 @pytest.mark.parametrize(
-    ("build", "match"),
+    ("cls", "key", "value", "allowed"),
     [
-        (lambda: LocalizedFedAvg(**COMMON, finetune_steps=-1), "finetune_steps = -1"),
-        (lambda: PerFedAvg(**COMMON, inner_lr=0.0), "inner_lr = 0.0"),
-        (lambda: PerFedAvg(**COMMON, variant="second_order"), "unknown variant"),
-        (lambda: PFedMe(**COMMON, inner_steps=0), "inner_steps = 0"),
-        (lambda: PFedMe(**COMMON, lam=0.0), "lam = 0.0"),
-        (lambda: Ditto(**COMMON, personal_steps=0), "personal_steps = 0"),
-        (lambda: APFL(**COMMON, mix=1.5), "mix = 1.5"),
-        (lambda: APFL(**COMMON, mix_lr=-0.1), "mix_lr = -0.1"),
+        (LocalizedFedAvg, "finetune_steps", -1, "[0, inf)"),
+        (LocalizedFedAvg, "finetune_lr", 0.0, "(0.0, inf)"),
+        (PerFedAvg, "inner_lr", 0.0, "(0.0, inf)"),
+        (PerFedAvg, "hf_delta", 0.0, "(0.0, inf)"),
+        (PFedMe, "lam", 0.0, "(0.0, inf)"),
+        (PFedMe, "personal_lr", 0.0, "(0.0, inf)"),
+        (PFedMe, "inner_steps", 0, "[1, inf)"),
+        (PFedMe, "beta", 0.0, "(0.0, inf)"),
+        (Ditto, "lam", -1.0, "[0.0, inf)"),
+        (Ditto, "personal_lr", 0.0, "(0.0, inf)"),
+        (Ditto, "personal_steps", 0, "[1, inf)"),
+        (APFL, "mix", 1.5, "[0.0, 1.0]"),
+        (APFL, "mix", -0.5, "[0.0, 1.0]"),
+        (APFL, "mix_lr", -0.1, "[0.0, inf)"),
     ],
 )
-def test_bad_hyper_parameters(build, match: str) -> None:
-    with pytest.raises(FedriskError, match=match):
-        build()
+def test_bad_hyper_parameters(cls, key: str, value: float, allowed: str) -> None:
+    message = f"{key} = {value!r} is out of range; allowed: {allowed}"
+    with pytest.raises(FedriskError, match="^" + re.escape(message) + "$"):
+        cls(**COMMON, **{key: value})
+
+
+def test_hyper_parameters_at_their_bounds_are_allowed() -> None:
+    LocalizedFedAvg(**COMMON, finetune_steps=0, finetune_lr=1e-9)
+    PerFedAvg(**COMMON, inner_lr=1e-9, hf_delta=1e-9)
+    PFedMe(**COMMON, lam=1e-9, personal_lr=1e-9, inner_steps=1, beta=1e-9)
+    Ditto(**COMMON, lam=0.0, personal_lr=1e-9, personal_steps=1)
+    APFL(**COMMON, mix=0.0, mix_lr=0.0)
+    APFL(**COMMON, mix=1.0)
+    with pytest.raises(FedriskError, match=re.escape("unknown variant 'so'. Valid choices: fo, hf")):
+        PerFedAvg(**COMMON, variant="so")
+    with pytest.raises(FedriskError, match=re.escape("lr = 0.0 is not allowed")):  # FedAvg's own checks still run
+        Ditto(**{**COMMON, "lr": 0.0})
 
 
 def test_every_baseline_personalises_on_two_clusters() -> None:

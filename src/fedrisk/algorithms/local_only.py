@@ -43,9 +43,9 @@ import torch
 from fedrisk.aggregators.base import Replies
 from fedrisk.algorithms.base import Algorithm, ClientResult, FedInfo, LocalData, RoundContext, RoundPlan
 from fedrisk.algorithms.fedavg import FedAvg
-from fedrisk.algorithms.local import check_sampling, sample_batches, sgd_steps, supervised_objective
+from fedrisk.algorithms.local import check_local_sgd, sample_batches, sgd_steps, supervised_objective
 from fedrisk.data.federation import Federation, Samples
-from fedrisk.errors import FedriskError, check_range
+from fedrisk.errors import FedriskError
 from fedrisk.objectives.supervised import LossFn
 from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree
@@ -85,10 +85,7 @@ class LocalOnly(Algorithm):
     sampling: str = "with_replacement"
 
     def __post_init__(self) -> None:
-        check_range("lr", self.lr, 0.0, None, low_inclusive=False)
-        check_range("local_steps", self.local_steps, 1)
-        check_range("batch_size", self.batch_size, 1)
-        check_sampling(self.sampling)
+        check_local_sgd(self.lr, self.local_steps, self.batch_size, self.sampling, None)
 
     def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
         return {}
@@ -97,7 +94,7 @@ class LocalOnly(Algorithm):
         return {"params": params}
 
     def configure(self, ctx: RoundContext, server_state: Tree, gen: torch.Generator) -> RoundPlan:
-        return RoundPlan(list(range(ctx.fed.num_clients)), broadcast={})
+        return RoundPlan(list(range(ctx.fed.num_clients)))  # an empty broadcast
 
     def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
         return {"batches": sample_batches(rng, num_samples, self.local_steps, self.batch_size, self.sampling)}

@@ -222,7 +222,7 @@ class PERMShuffling(Algorithm):
     ) -> dict[str, Tensor]:
         """The next epoch's clients S (all, drawing nothing, at full participation) and sigma
         (drawn on the CPU generator, placed on ``device``)."""
-        members = torch.tensor(sample_clients(gen, num_clients, self.clients_per_round), dtype=torch.int64)
+        members = torch.tensor(sample_clients(gen, num_clients, self.clients_per_round))  # int64: never empty
         sigma = torch.randperm(members.shape[0], generator=gen)
         if device is not None:
             members, sigma = members.to(device), sigma.to(device)
@@ -236,8 +236,8 @@ class PERMShuffling(Algorithm):
             "v": tree_stack([params] * N),
             "alpha": self.initial_alpha(ctx.fed, dtype),
             **self.draw_epoch(N, gen),
-            "j": torch.zeros((), dtype=torch.int64),
-            "round": torch.zeros((), dtype=torch.int64),
+            "j": torch.tensor(0),
+            "round": torch.tensor(0),
             "objective": torch.zeros(N, dtype=dtype),
             "objective_sum": torch.zeros(N, dtype=dtype),
             "objective_seen": torch.zeros(N, dtype=torch.bool),
@@ -255,7 +255,7 @@ class PERMShuffling(Algorithm):
     def visit_weight(self, server_state: Tree, owner: int, host: int) -> Tensor:
         """``alpha_owner(host)``, restricted to the epoch's clients under partial participation."""
         alpha, members = server_state["alpha"], server_state["members"]
-        if members.shape[0] == alpha.shape[0]:
+        if len(members) == len(alpha):
             return alpha[owner, host]
         return alpha[owner, host] / alpha[owner, members].sum().clamp_min(torch.finfo(alpha.dtype).tiny)
 
@@ -282,14 +282,14 @@ class PERMShuffling(Algorithm):
         # each hosted model goes back to its owner's slot
         hosts, owner = self.hosting(server_state)
         position = {k: p for p, k in enumerate(hosts)}
-        slots = owner[torch.tensor([position[k] for k in replies.clients], dtype=torch.int64)]
+        slots = owner[torch.tensor([position[k] for k in replies.clients])]  # a round has at least one reply
         new = replies.stacked("params")
         state["v"] = tree_map(lambda v, x: v.index_copy(0, slots, x.to(v.dtype)), server_state["v"], new)
         weighted = replies.stacked("weighted_loss").to(state["objective_sum"].dtype)
         state["objective_sum"] = server_state["objective_sum"].index_add(0, slots, weighted)
         m = len(hosts)
         j = int(server_state["j"]) + 1
-        state["j"] = torch.tensor(j % m, dtype=torch.int64)
+        state["j"] = torch.tensor(j % m)
         if j == m:  # end of the epoch: eq. (3)'s objectives are complete; new S and sigma_{r+1}
             members = server_state["members"]
             state["objective"] = server_state["objective"].index_copy(0, members, state["objective_sum"][members])
@@ -306,8 +306,8 @@ class PERMShuffling(Algorithm):
     def state_metrics(self, server_state: Tree, federation: Any) -> dict[str, float]:
         """``train_loss``: the mean over the models of eq. (3)'s objective ``Phi(alpha_i, v_i)``
         over each model's last complete epoch (absent before the first epoch ends)."""
-        seen = server_state.get("objective_seen")
-        if seen is None or not bool(seen.any()):
+        seen = server_state["objective_seen"]
+        if not bool(seen.any()):
             return {}
         return {"train_loss": float(server_state["objective"][seen].mean())}
 
@@ -360,7 +360,7 @@ def _estimate_gradients(alg: Any, params: Tree, data: LocalData, draws: Tree) ->
         x, y = data.x[draws["alpha_idx"]], data.y[draws["alpha_idx"]]
         loss, g = value_and_grad(objective)(params, x, y)
     reply = {"grad_full": g}
-    if getattr(alg, "global_batch", None) is not None:
+    if alg.global_batch is not None:
         x, y = data.x[draws["global_idx"]], data.y[draws["global_idx"]]
         reply["grad"] = value_and_grad(objective)(params, x, y)[1]
     return {"reply": reply, "loss": loss}
@@ -370,7 +370,7 @@ def _estimate_draws(alg: Any, num_samples: Any, rng: ClientRNG) -> Tree:
     out = {}
     if alg.alpha_batch is not None:
         out["alpha_idx"] = sample_batch(rng, num_samples, alg.alpha_batch)
-    if getattr(alg, "global_batch", None) is not None:
+    if alg.global_batch is not None:
         out["global_idx"] = sample_batch(rng, num_samples, alg.global_batch)
     return out
 
@@ -389,21 +389,20 @@ def weights_from_replies(
     failed or dropped client under ``on_client_failure = "skip"``, or a client outside the
     epoch's sample under partial participation), the weights are solved among the repliers
     only: a replier's row puts no weight on an absent client (whose gradient is unknown), and
-    an absent client keeps its previous row.  With ``out`` (a server state), also records the
-    repliers' discrepancies in ``out["discrepancy"]`` [N, N] (other entries kept) and counts
-    the estimation in ``out["estimations"]``.
+    an absent client keeps its previous row.  With ``out`` (a server state of :class:`PERM`),
+    also records the repliers' discrepancies in ``out["discrepancy"]`` [N, N] (other entries
+    kept) and counts the estimation in ``out["estimations"]``.
     """
     ids = list(replies.clients)
     D = squared_distances(_gradient_matrix(replies, key))
     sub = mixing_weights(D, [sizes[i] for i in ids], lam)
-    index = torch.tensor(ids, dtype=torch.long, device=previous.device)
+    index = torch.tensor(ids, device=previous.device)
     if out is not None:
-        N = previous.shape[0]
-        known = out.get("discrepancy", torch.zeros(N, N, dtype=previous.dtype, device=previous.device)).clone()
+        known = out["discrepancy"].clone()
         known[index.unsqueeze(1), index] = D.to(known.dtype)
         out["discrepancy"] = known
-        out["estimations"] = out.get("estimations", torch.zeros((), dtype=torch.int64)) + 1
-    if len(ids) == previous.shape[0]:
+        out["estimations"] = out["estimations"] + 1
+    if len(ids) == len(previous):
         return sub.to(previous.dtype)
     alpha = previous.clone()
     alpha[index] = 0.0
@@ -462,8 +461,8 @@ class PERM(PERMShuffling):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_range("global_lr", self.global_lr, 0.0, None, low_inclusive=False)
-        check_range("lam", self.lam, 0.0, None, low_inclusive=False)
+        check_range("global_lr", self.global_lr, 0.0, low_inclusive=False)
+        check_range("lam", self.lam, 0.0, low_inclusive=False)
         check_range("warmup_rounds", self.warmup_rounds, 0)
         if self.warmup not in WARMUPS:
             raise unknown_name("warmup", self.warmup, WARMUPS)
@@ -475,11 +474,17 @@ class PERM(PERMShuffling):
     def init_server(self, ctx: RoundContext, params: Tree, gen: torch.Generator) -> Tree:
         state = super().init_server(ctx, params, gen)
         state["alpha"] = torch.full_like(state["alpha"], 1.0 / ctx.fed.num_clients)  # alpha^0 uniform
-        state["j"] = torch.tensor(-1, dtype=torch.int64)  # -1: the epoch's estimate round is next
+        state["j"] = torch.tensor(-1)  # -1: the epoch's estimate round is next
         N = ctx.fed.num_clients
         state["discrepancy"] = torch.zeros(N, N, dtype=state["alpha"].dtype)  # D of the latest estimation
-        state["estimations"] = torch.zeros((), dtype=torch.int64)
+        state["estimations"] = torch.tensor(0)
         return state
+
+    def estimates_weights(self, r: int) -> bool:
+        """Whether the estimate round ``r`` (0-based) sets alpha from the gradients: every one
+        after a FedAvg warm-up; else none in epoch 0 (alpha^0 uniform, Alg. 2) nor while
+        ``r < warmup_rounds``."""
+        return self.warmup == "fedavg" or (r > 0 and r >= self.warmup_rounds)
 
     def round_kind(self, server_state: Tree) -> str:
         if self.warmup == "fedavg" and int(server_state["round"]) < self.warmup_rounds:
@@ -487,7 +492,7 @@ class PERM(PERMShuffling):
         return "estimate" if int(server_state["j"]) < 0 else "shuffle"
 
     def end_of_epoch(self, ctx: RoundContext, state: dict) -> dict:
-        state["j"] = torch.tensor(-1, dtype=torch.int64)
+        state["j"] = torch.tensor(-1)
         return state
 
     def global_params(self, server_state: Tree) -> Tree:
@@ -500,19 +505,15 @@ class PERM(PERMShuffling):
             return state
         w = state["w"]
         r = int(state["round"]) - 1  # this round's index
-        if self.warmup == "fedavg":  # the warm-up trained w only: v_i^0 = w, alpha estimated from now on
-            if r == self.warmup_rounds:
-                state["v"] = tree_stack([w] * ctx.fed.num_clients)
-            estimate = True
-        else:  # alpha^0 = uniform (Alg. 2), and uniform during warm-up
-            estimate = r > 0 and r >= self.warmup_rounds
-        if estimate:
+        if self.warmup == "fedavg" and r == self.warmup_rounds:  # the warm-up trained w only: v_i^0 = w
+            state["v"] = tree_stack([w] * ctx.fed.num_clients)
+        if self.estimates_weights(r):
             state["alpha"] = weights_from_replies(
                 state["alpha"], replies, ctx.fed.client_sizes, self.lam, "grad_full", out=state
             )
         step = replies.mean("grad" if self.global_batch is not None else "grad_full")
         state["w"] = tree_map(lambda p, d: p - self.global_lr * d, w, step)
-        state["j"] = torch.tensor(0, dtype=torch.int64)
+        state["j"] = torch.tensor(0)
         return state
 
     def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
@@ -591,7 +592,7 @@ class PERMTwoStage(PERM):
             state["alpha"], replies, ctx.fed.client_sizes, self.lam, "grad_full", out=state
         )
         state["v"] = tree_stack([state["w"]] * ctx.fed.num_clients)
-        state["j"] = torch.tensor(0, dtype=torch.int64)
+        state["j"] = torch.tensor(0)
         return state
 
     def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:

@@ -120,9 +120,9 @@ class PERMHetero(PERM):
             raise FedriskError(
                 f"perm_hetero supports warmup = 'uniform' only (alpha uniform for warmup_rounds); got {self.warmup!r}"
             )
-        width_mask(self.init_params(torch.Generator().manual_seed(0)), 1.0)  # the model can be masked at all
-        for r in self.widths:
-            width_mask(self.init_params(torch.Generator().manual_seed(0)), r)
+        params = self.init_params(torch.Generator())  # only the shapes matter
+        for r in (1.0, *self.widths):  # 1.0 first: whether the model can be masked at all
+            width_mask(params, r)
 
     def width(self, client: int) -> float:
         return self.widths[client % len(self.widths)]
@@ -154,15 +154,14 @@ class PERMHetero(PERM):
         return RoundPlan(clients, per_client=per_client, kind="shuffle")
 
     def aggregate_other(self, ctx: RoundContext, state: dict, replies: Replies, gen: torch.Generator) -> Tree:
-        r = int(state["round"]) - 1
-        if r > 0 and r >= self.warmup_rounds:
+        if self.estimates_weights(int(state["round"]) - 1):
             state["alpha"] = weights_from_replies(
                 state["alpha"], replies, ctx.fed.client_sizes, self.lam, "grad_full", out=state
             )
         total = replies.sum("grad" if self.global_batch is not None else "grad_full")
         holders = tree_map(lambda m: m.sum(0).clamp_min(1.0), state["masks"])  # clients holding each coordinate
         state["w"] = tree_map(lambda p, s, c: p - self.global_lr * s / c, state["w"], total, holders)
-        state["j"] = torch.tensor(0, dtype=torch.int64)
+        state["j"] = torch.tensor(0)
         return state
 
     def client_update(

@@ -56,11 +56,11 @@ import torch
 
 from fedrisk.algorithms.base import ClientResult, LocalData, RoundContext
 from fedrisk.algorithms.fedavg import FedAvg
-from fedrisk.algorithms.local import batch, sample_batches, sgd_step, sgd_steps, supervised_objective
+from fedrisk.algorithms.local import batch, sample_batch, sample_batches, sgd_step, sgd_steps, supervised_objective
 from fedrisk.autodiff import value_and_grad
 from fedrisk.errors import check_range, unknown_name
 from fedrisk.rng import ClientRNG
-from fedrisk.tree import Tree, tree_lerp, tree_map, tree_scale, tree_vdot
+from fedrisk.tree import Tree, tree_flatten_vector, tree_lerp, tree_map, tree_scale, tree_vdot
 
 PER_FEDAVG_VARIANTS = ("fo", "hf")
 
@@ -104,7 +104,7 @@ class LocalizedFedAvg(_Personal):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_range("finetune_steps", self.finetune_steps, 0)
-        check_range("finetune_lr", self.finetune_lr, 0.0, None, low_inclusive=False)
+        check_range("finetune_lr", self.finetune_lr, 0.0, low_inclusive=False)
 
     def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
         out = super().draw(ctx, client, num_samples, rng)
@@ -147,8 +147,8 @@ class PerFedAvg(_Personal):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_range("inner_lr", self.inner_lr, 0.0, None, low_inclusive=False)
-        check_range("hf_delta", self.hf_delta, 0.0, None, low_inclusive=False)
+        check_range("inner_lr", self.inner_lr, 0.0, low_inclusive=False)
+        check_range("hf_delta", self.hf_delta, 0.0, low_inclusive=False)
         if self.variant not in PER_FEDAVG_VARIANTS:
             raise unknown_name("variant", self.variant, PER_FEDAVG_VARIANTS)
 
@@ -156,7 +156,7 @@ class PerFedAvg(_Personal):
         # D, D', D'' for each local step, then the personalisation batch
         return {
             "batches": sample_batches(rng, num_samples, 3 * self.local_steps, self.batch_size, self.sampling),
-            "personal": sample_batches(rng, num_samples, 1, self.batch_size, self.sampling),
+            "personal": sample_batch(rng, num_samples, self.batch_size, self.sampling),
         }
 
     def client_update(
@@ -178,7 +178,7 @@ class PerFedAvg(_Personal):
             w = sgd_step(w, g_outer, b)
             losses.append(loss)
         # personalisation: one step of size a from the received model (their evaluation protocol)
-        _, g = vg(payload["params"], *batch(data, draws["personal"][0]))
+        _, g = vg(payload["params"], *batch(data, draws["personal"]))
         personal = sgd_step(payload["params"], g, a)
         return ClientResult({"params": w}, {"personal": personal}, {"loss": torch.stack(losses).mean()})
 
@@ -209,10 +209,10 @@ class PFedMe(_Personal):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_range("lam", self.lam, 0.0, None, low_inclusive=False)
-        check_range("personal_lr", self.personal_lr, 0.0, None, low_inclusive=False)
+        check_range("lam", self.lam, 0.0, low_inclusive=False)
+        check_range("personal_lr", self.personal_lr, 0.0, low_inclusive=False)
         check_range("inner_steps", self.inner_steps, 1)
-        check_range("beta", self.beta, 0.0, None, low_inclusive=False)
+        check_range("beta", self.beta, 0.0, low_inclusive=False)
 
     def client_update(
         self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
@@ -232,9 +232,7 @@ class PFedMe(_Personal):
 
     def aggregate(self, ctx: RoundContext, server_state: Tree, plan: Any, replies: Any, gen: torch.Generator) -> Tree:
         new = super().aggregate(ctx, server_state, plan, replies, gen)
-        if self.beta == 1.0:
-            return new
-        old = server_state["params"]
+        old = server_state["params"]  # beta = 1: exactly the average (0 * old + 1 * mean)
         new["params"] = tree_map(lambda o, m: (1 - self.beta) * o + self.beta * m, old, new["params"])
         return new
 
@@ -266,7 +264,7 @@ class Ditto(_Personal):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_range("lam", self.lam, 0.0)
-        check_range("personal_lr", self.personal_lr, 0.0, None, low_inclusive=False)
+        check_range("personal_lr", self.personal_lr, 0.0, low_inclusive=False)
         check_range("personal_steps", self.personal_steps, 1)
 
     def draw(self, ctx: RoundContext, client: Any, num_samples: Any, rng: ClientRNG) -> Tree:
@@ -316,8 +314,7 @@ class APFL(FedAvg):
         check_range("mix_lr", self.mix_lr, 0.0)
 
     def init_client(self, ctx: RoundContext, client: int, params: Tree) -> Tree:
-        dtype = next(iter(params.values())).dtype if isinstance(params, dict) else torch.get_default_dtype()
-        return {"v": params, "mix": torch.tensor(self.mix, dtype=dtype)}
+        return {"v": params, "mix": torch.tensor(self.mix, dtype=tree_flatten_vector(params).dtype)}
 
     def client_update(
         self, ctx: RoundContext, payload: Mapping[str, Any], state: Tree, data: LocalData, draws: Tree
