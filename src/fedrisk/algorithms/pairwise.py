@@ -102,6 +102,7 @@ def pick_rows(order: Tensor, start: Tensor, count: Tensor, unit: Tensor) -> Tens
 def last_occurrence(rows: Tensor) -> Tensor:
     """For each position ``j`` of ``rows`` (``[B]``), the last position holding the same row.
 
+    Example:
         >>> last_occurrence(torch.tensor([2, 0, 2, 1, 0]))
         tensor([2, 4, 2, 3, 4])
     """
