@@ -20,7 +20,9 @@ smoke test of the script):
    ``model.pt`` must hold CPU tensors; the device checkpoint resumes into a CPU simulation and
    the CPU checkpoint into a device simulation.
 3. ``resnet18``: ``benchmarks/resnet18_round.py`` on the device: sequential vs vectorised vs the
-   hand-written ``functional_call`` loop (their parameters and running statistics compared).
+   hand-written ``functional_call`` loop (their parameters and running statistics compared after
+   the first round: on this workload float32 rounding differences grow about tenfold a round,
+   on the CPU too; the later rounds' differences are reported).
 4. ``nccl``: ``torchrun --nproc-per-node 1`` (on 127.0.0.1) of ``_cuda_nccl_worker.py`` (the
    distributed executor, NCCL on CUDA, gloo with ``--device cpu``) for two configs, compared
    with the sequential executor on the device.
@@ -433,13 +435,16 @@ def resnet_check(device: str, rounds: int, tol: float) -> dict[str, Any]:
     import resnet18_round
 
     res = resnet18_round.measure(device=device, rounds=rounds, threads=torch.get_num_threads())
-    rel = {name: d["params_rel"] for name, d in res["differences"].items()}
-    srel = {name: d["stats_rel"] for name, d in res["differences"].items()}
-    ok = all(v <= tol for v in [*rel.values(), *srel.values()])
+    first = res["differences_by_round"][0]  # later rounds amplify float32 rounding (resnet18_round.measure)
+    rel = {name: f"{d['params_rel']:.1e}" for name, d in first.items()}
+    srel = {name: f"{d['stats_rel']:.1e}" for name, d in first.items()}
+    growth = [max(d["params_rel"] for d in r.values()) for r in res["differences_by_round"]]
+    ok = all(d[k] <= tol for d in first.values() for k in ("params_rel", "stats_rel"))
     med = res["median_wall"]
     res.update(
         ok=ok,
-        summary=f"rel diff from the hand loop: params {rel}, running stats {srel} (tol {tol:.0e}); s/round "
+        summary=f"rel diff from the hand loop after round 1: params {rel}, running stats {srel} (tol {tol:.0e}); "
+        f"params after each round {', '.join(f'{g:.1e}' for g in growth)}; s/round "
         + ", ".join(f"{k} {v:.4f}" for k, v in med.items()),
     )
     return res
@@ -487,7 +492,8 @@ def nccl_check(device: str, rounds: int, tol: float) -> dict[str, Any]:
 def third_party_modules() -> list[str]:
     stdlib = set(getattr(sys, "stdlib_module_names", ()))
     tops = {m.split(".")[0] for m in list(sys.modules)}
-    return sorted(t for t in tops if t not in stdlib and not t.startswith("_") and t not in ("fedrisk", "torch"))
+    here = {p.stem for p in HERE.glob("*.py")}  # this folder's own scripts
+    return sorted(t for t in tops if t not in stdlib | here and not t.startswith("_") and t not in ("fedrisk", "torch"))
 
 
 def markdown(summary: dict[str, Any]) -> str:
@@ -513,7 +519,7 @@ def markdown(summary: dict[str, Any]) -> str:
         shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in times.items())
         result = "PASS" if c["ok"] else ("not run" if c.get("summary", "").startswith("not run") else "FAIL")
         if c["check"] == "resnet18":
-            d = c.get("differences", {})
+            d = (c.get("differences_by_round") or [c.get("differences", {})])[0]
             diff = ", ".join(f"{n} {v['params_rel']:.1e} / stats {v['stats_rel']:.1e}" for n, v in d.items()) or "-"
         lines.append(f"| {c['check']} | {result} | {diff} | {shown or '-'} |")
     return "\n".join(lines) + "\n"

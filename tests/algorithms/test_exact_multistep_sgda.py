@@ -222,3 +222,40 @@ def test_sagda_with_local_steps_and_sampled_clients_matches_by_hand() -> None:
         y = y + gy_ * (torch.stack([o[1] for o in outs]).mean(0) - y)
         close(x_of(state), x)
         close(state["y"], y)
+
+
+# -- P_Y after every local ascent step and after the server's extrapolation (a box Y) -----------
+def test_fessgda_on_a_box_projects_every_local_step_and_the_server_step_by_hand() -> None:
+    """y ← P_Y(y + η_{y,l} ∇_y f) at every local step and y_{t+1} = P_Y(y_t + η_{y,g}(ȳ − y_t)):
+    with η_{y,g} > 1 the extrapolation leaves the box, so both projections are exercised."""
+    fed = clean_fed(4)
+    lr, lr_y, gx_, gy_, k, p, beta, low, high = 0.07, 0.3, 1.4, 1.9, 3, 0.5, 0.3, -0.15, 0.25
+    alg = make(FESSGDA, lr=lr, lr_dual=lr_y, global_lr=gx_, global_lr_dual=gy_, local_steps=k, smoothing=p,
+               beta=beta, clients_per_round=3, dual_set="box", dual_low=low, dual_high=high)  # fmt: skip
+    got = simulate(alg, fed, 4)
+    a, bs = quadratic_matrix(0, D2, D1, F64), rows(fed)
+    x, y = torch.full((D1,), X0, dtype=F64), torch.zeros(D2, dtype=F64)
+    z = x.clone()
+    clipped = {"local": 0, "server": 0}
+    for clients, state in got:
+        outs = []
+        for i in clients:
+            xi, yi = x, y
+            for _ in range(k):
+                gx, gy = grads(a, bs[i], xi, yi)
+                step = yi + lr_y * gy
+                clipped["local"] += int(not torch.equal(step, step.clamp(low, high)))
+                xi, yi = xi - lr * gx, step.clamp(low, high)
+            outs.append((xi, yi))
+        x_bar = torch.stack([o[0] for o in outs]).mean(0)
+        y_bar = torch.stack([o[1] for o in outs]).mean(0)
+        x_new = x + gx_ * (x_bar - x) - lr * gx_ * k * p * (x - z)
+        step = y + gy_ * (y_bar - y)
+        clipped["server"] += int(not torch.equal(step, step.clamp(low, high)))
+        y = step.clamp(low, high)
+        z = z + beta * (x_new - z)
+        x = x_new
+        close(x_of(state), x)
+        close(state["y"], y)
+        close(x_of(state, "z"), z)
+    assert clipped["local"] > 0 and clipped["server"] > 0, clipped

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from fedrisk.errors import FedriskError
 from fedrisk.objectives.minimax import (
     group_losses,
     make_projection,
+    per_sample_cross_entropy,
     project_ball,
     project_box,
     project_simplex,
@@ -146,3 +148,67 @@ def test_wgan_closed_form_directions_equal_autograd() -> None:
     f, g_mu, g_sigma, g_phi = wgan_affine_directions(mu, sigma, z, real, phi.detach(), 0.005)
     for got, want in zip((f, g_mu, g_sigma, g_phi), (value.detach(), *auto)):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+
+
+# -- pinned by the sgda mutation scope (docs/reliability.md) ------------------------------------
+def test_box_and_ball_edges_and_rows() -> None:
+    """A box of one point is allowed; the ball projects each row of a batch by its own norm; a
+    radius <= 0 is refused naming it."""
+    v = torch.tensor([-3.0, 0.2, 9.0], dtype=F64)
+    assert project_box(v, 0.5, 0.5).tolist() == [0.5, 0.5, 0.5]
+    rows = torch.tensor([[3.0, 4.0, 0.0], [0.1, 0.2, 0.2], [0.0, 0.0, -6.0], [1.0, 1.0, 1.0]], dtype=F64)
+    want = [[0.6, 0.8, 0.0], [0.1, 0.2, 0.2], [0.0, 0.0, -1.0], [3**-0.5] * 3]
+    torch.testing.assert_close(project_ball(rows, 1.0), torch.tensor(want, dtype=F64), rtol=1e-15, atol=1e-15)
+    square = rows[:3, :3]  # as many rows as columns: a norm broadcast along the wrong axis shows
+    torch.testing.assert_close(project_ball(square, 1.0), torch.tensor(want[:3], dtype=F64), rtol=1e-15, atol=1e-15)
+    with pytest.raises(FedriskError) as err:
+        project_ball(v, 0.0)
+    assert str(err.value) == "radius = 0.0 is out of range; allowed: (0.0, inf)"
+
+
+def test_make_projection_defaults_and_argument_checks() -> None:
+    """Defaults: the box [-1, 1] and the unit ball; the box bounds are checked only for a box and
+    the radius only for a ball, each naming the key."""
+    v = torch.tensor([-3.0, 0.5, 3.0], dtype=F64)
+    assert make_projection("box", 3)(v).tolist() == [-1.0, 0.5, 1.0]
+    torch.testing.assert_close(make_projection("ball", 3)(v), v / v.norm(), rtol=1e-15, atol=1e-15)
+    assert make_projection("box", 3, low=0.5, high=0.5)(v).tolist() == [0.5, 0.5, 0.5]
+    make_projection("simplex", 3, low=1.0, high=0.0, radius=0.0)  # unused bounds are not checked
+    with pytest.raises(FedriskError) as err:
+        make_projection("box", 3, low=1.0, high=0.0)
+    assert str(err.value) == "dual box: low = 1.0 must be <= high = 0.0"
+    with pytest.raises(FedriskError) as err:
+        make_projection("ball", 3, radius=0.0)
+    assert str(err.value) == "dual_radius = 0.0 is out of range; allowed: (0.0, inf)"
+    for dim in (True, 2.5, "3"):
+        with pytest.raises(FedriskError) as err:
+            make_projection("simplex", dim)  # type: ignore[arg-type]
+        assert str(err.value) == f"the dual dimension must be an integer >= 1; got {dim!r}"
+
+
+def test_wgan_phi_with_nonzero_targets_by_hand() -> None:
+    """Φ = (A² + B²)/(4λ), A = mean(real − fake), B = mean(real² − fake²), real = μ̂ + σ̂ z,
+    fake = μ + σ z (the maximiser φ* = (A, B)/(2λ) of §4.1) with μ̂, σ̂ away from 0 and 1."""
+    z = torch.tensor([-1.3, 0.2, 0.9, 2.1, -0.4], dtype=F64)
+    mu, sigma, t_mu, t_sigma, lam = 0.3, 0.7, 0.45, 0.35, 0.02
+    real, fake = [t_mu + t_sigma * float(u) for u in z], [mu + sigma * float(u) for u in z]
+    a = sum(r - f for r, f in zip(real, fake)) / len(z)
+    b = sum(r * r - f * f for r, f in zip(real, fake)) / len(z)
+    assert wgan_phi(mu, sigma, z, t_mu, t_sigma, lam) == pytest.approx((a * a + b * b) / (4 * lam), rel=1e-12)
+
+
+def test_per_sample_cross_entropy_by_hand() -> None:
+    """Softmax cross-entropy log Σ_c e^{o_c} − o_y per row (also for a batch of one row); a
+    binary logit s ([B] or [B, 1]) gives log(1 + e^s) − y s."""
+    out = [[0.2, -1.0, 2.5], [1.5, 0.3, -0.7]]
+    labels = [2, 0]
+    want = [math.log(sum(math.exp(o) for o in row)) - row[y] for row, y in zip(out, labels)]
+    got = per_sample_cross_entropy(torch.tensor(out, dtype=F64), torch.tensor(labels))
+    torch.testing.assert_close(got, torch.tensor(want, dtype=F64), rtol=1e-14, atol=0)
+    one = per_sample_cross_entropy(torch.tensor(out[1:], dtype=F64), torch.tensor(labels[1:]))
+    torch.testing.assert_close(one, torch.tensor(want[1:], dtype=F64), rtol=1e-14, atol=0)
+    logits, y = [0.4, -1.2, 2.0], [1, 0, 1]
+    want = torch.tensor([math.log1p(math.exp(s)) - t * s for s, t in zip(logits, y)], dtype=F64)
+    for shape in ((3,), (3, 1)):
+        got = per_sample_cross_entropy(torch.tensor(logits, dtype=F64).reshape(shape), torch.tensor(y).reshape(shape))
+        torch.testing.assert_close(got, want, rtol=1e-14, atol=0)

@@ -102,8 +102,9 @@ def pick_rows(order: Tensor, start: Tensor, count: Tensor, unit: Tensor) -> Tens
 def last_occurrence(rows: Tensor) -> Tensor:
     """For each position ``j`` of ``rows`` (``[B]``), the last position holding the same row.
 
-    >>> last_occurrence(torch.tensor([2, 0, 2, 1, 0]))
-    tensor([2, 4, 2, 3, 4])
+    Example:
+        >>> last_occurrence(torch.tensor([2, 0, 2, 1, 0]))
+        tensor([2, 4, 2, 3, 4])
     """
     positions = torch.arange(rows.shape[0], device=rows.device)
     return torch.where(rows[:, None] == rows[None, :], positions[None, :], -1).amax(1)
