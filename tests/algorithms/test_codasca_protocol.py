@@ -26,6 +26,7 @@ import tomllib
 import torch
 from torch import Tensor
 
+import fedrisk
 from fedrisk.aggregators.base import InMemoryReplies
 from fedrisk.algorithms.base import RoundContext
 from fedrisk.algorithms.codasca import CODA, CODASCA, CODAPlus, LargeEffectiveStepWarning
@@ -224,6 +225,26 @@ def test_large_effective_step_warns() -> None:
     # pinned by mutation testing (codasca scope): η̃ multiplies the global step in
     with pytest.warns(LargeEffectiveStepWarning, match=r"= 0\.3 \* 2\.0 \* 2 = 1\.2 exceeds"):
         CODASCA(model=None, lr=0.3, window=2, global_lr=2.0)
+
+
+def test_the_effective_step_warning_points_at_the_caller_and_says_what_to_do() -> None:
+    """The whole advice, ``growing`` only when the window really grows faster than the step
+    shrinks, and the warning attributed to the line that built the algorithm (``stacklevel``)."""
+    with pytest.warns(LargeEffectiveStepWarning) as record:
+        CODASCA(model=None, lr=0.5, window=4, window_growth=2.0, lr_decay=2.0)  # η̃ = 2 > 1, fixed over stages
+    (warning,) = record
+    text = str(warning.message)
+    # the caller's frame: outside the library and outside pytest (under mutation testing mutmut's
+    # trampoline adds a frame of its own, so the exact file is not asserted)
+    library = str(Path(fedrisk.__file__).resolve().parent)
+    assert not str(Path(warning.filename).resolve()).startswith(library)
+    assert "_pytest" not in warning.filename and warning.filename != "<string>"  # not the dataclass __init__
+    assert "growing" not in text
+    assert text.endswith(
+        "exceeds 1.0: Theorem 2 needs eta_tilde <= min(1/(3l + 3l^2/mu_2), mu_2/(40 l^2)) and the spec's "
+        "heterogeneous toy diverges at 1.28; CODASCA may oscillate or diverge. Lower lr or window "
+        "(or keep window_growth <= lr_decay)"
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,21 +1,23 @@
 """Exact multi-round check of FeDXL2 on the KL-DRO pAUC objective (issue 29 item 2).
 
-Guo et al. 2023, Alg. 2 with ``f = λ log`` and ``ℓ_in = exp(L/λ)`` (eq. (17)), squared hinge ``L``:
-the bootstrap round and two training rounds of three clients with unequal class counts, K = 2
-local steps, ``λ, γ, β ∉ {1}``, against a plain loop written from the algorithm box.  Per step
+Guo et al. 2023, Alg. 2 with ``f = λ log`` and ``ℓ_in = exp(L/λ)`` (eq. (17)), squared hinge ``L``
+(margin 0.8): the bootstrap round and two training rounds of three clients with unequal class
+counts, K = 2 local steps, ``λ, γ, β ∉ {1}``, against a plain loop written from the algorithm box.  Per step
 the loop takes the passive ``h̃2`` (negatives) and ``(h̃1, ũ)`` (positives with *their* stored u)
 from the previous round's merged pools, updates ``u(z1)`` *before* the gradient (eq. (11)), so
 G1 is weighted by ``λ / u_new``, while G2 is weighted by the passive ``λ / ũ``; then
-``G ← (1 − β) G + β (G1 + G2)``, ``w ← w − η G``; the client uploads its scores and the *updated*
-``u`` of its positives, and the server averages ``w, G`` and concatenates the pools in client
-order.  The random numbers are the algorithm's own draws (``alg.draw`` with the simulation's
-generators); the shuffle, the row choice and the arithmetic are the loop's.
+``G ← (1 − β) G + β (G1 + G2)``, ``w ← w − η_t G`` (``η_t = η · 0.5^t`` at training round t);
+the client uploads its scores and the *updated* ``u`` of its positives, and the server averages
+``w, G`` and concatenates the pools in client order.  The random numbers are the algorithm's own
+draws (``alg.draw`` with the simulation's generators); the shuffle, the row choice and the
+arithmetic are the loop's.
 """
 
 from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from fedrisk.algorithms.base import FedInfo, RoundContext
@@ -28,6 +30,8 @@ from fedrisk.runtime.simulation import Simulation
 F64 = torch.float64
 D, SEED = 3, 5
 K, B1, B2, LR, LAM, GAMMA, BETA, U0 = 2, 2, 3, 0.5, 0.7, 0.3, 0.4, 1.3
+MARGIN = 0.8  # the squared hinge's margin m (not the default 1)
+DECAY = 0.5  # the step ×0.5 every training round (decay_rounds = 1; the bootstrap round does not count)
 
 
 def federation() -> Federation:
@@ -42,7 +46,7 @@ def federation() -> Federation:
 
 
 def hinge(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.clamp(1.0 - (a - b), min=0.0) ** 2
+    return torch.clamp(MARGIN - (a - b), min=0.0) ** 2
 
 
 def test_fedxl2_pauc_two_rounds_match_alg_2() -> None:
@@ -51,7 +55,8 @@ def test_fedxl2_pauc_two_rounds_match_alg_2() -> None:
     info = FedInfo(len(fed.clients), tuple(fed.client_sizes), 2, counts)
     alg = FeDXL2(
         model=FunctionalModel(build_model("logreg", (D,), 1)), xrisk="pauc", lam=LAM, gamma=GAMMA, beta=BETA,
-        lr=LR, local_steps=K, batch_pos=B1, batch_neg=B2, u_init=U0,
+        lr=LR, local_steps=K, batch_pos=B1, batch_neg=B2, u_init=U0, lr_decay=DECAY, decay_rounds=1,
+        margin=MARGIN,
     )  # fmt: skip
     sim = Simulation(alg, fed, seed=SEED, dtype=F64)
     w = sim.server_state["params"]["linear.weight"][0].clone()
@@ -85,8 +90,8 @@ def test_fedxl2_pauc_two_rounds_match_alg_2() -> None:
     torch.testing.assert_close(sim.server_state["pool_u"], pool_u, rtol=0, atol=0)
 
     for r in (1, 2):
-        sim.step()
-        ws, bs, Gws, Gbs, h1, h2, U = [], [], [], [], [], [], []
+        report = sim.step()
+        ws, bs, Gws, Gbs, h1, h2, U, losses = [], [], [], [], [], [], [], []
         for k, c in enumerate(fed.clients):
             d = draws(r, k)
             # the buffers: the merged pools shuffled (h̃1 and ũ with the same permutation), taken in order
@@ -103,13 +108,15 @@ def test_fedxl2_pauc_two_rounds_match_alg_2() -> None:
                 b = score(c.x[neg[k][rn]], wv, bv)
                 inner_a = torch.exp(hinge(a[:, None], h2_t[None, :]) / LAM)  # [B1, B2]
                 u_new = (1 - GAMMA) * u[k][rp] + GAMMA * inner_a.detach().mean(1)  # eq. (11), before G1
+                losses.append(float((LAM * torch.log(inner_a.detach().mean(1))).mean()) / (K * len(fed.clients)))
                 g1 = (LAM / u_new * inner_a.mean(1)).mean()
                 g2 = (LAM / u_t[:, None] * torch.exp(hinge(h1_t[:, None], b[None, :]) / LAM)).mean()
                 gw, gb = torch.autograd.grad(g1 + g2, (wv, bv))
                 for i, row in enumerate(rp):
                     u[k][row] = u_new[i]
                 Gwk, Gbk = (1 - BETA) * Gwk + BETA * gw, (1 - BETA) * Gbk + BETA * gb
-                wk, bk = wk - LR * Gwk, bk - LR * Gbk
+                lr = LR * DECAY ** (r - 1)  # training round t = r − 1
+                wk, bk = wk - lr * Gwk, bk - lr * Gbk
                 h1 += list(a.detach())
                 h2 += list(b.detach())
                 U += list(u_new)
@@ -129,4 +136,5 @@ def test_fedxl2_pauc_two_rounds_match_alg_2() -> None:
         torch.testing.assert_close(state["pool_pos"], pool_pos, rtol=0, atol=1e-13)
         torch.testing.assert_close(state["pool_neg"], pool_neg, rtol=0, atol=1e-13)
         torch.testing.assert_close(state["pool_u"], pool_u, rtol=0, atol=1e-13)
+        assert report.train_metrics["loss"] == pytest.approx(sum(losses), rel=1e-12)  # f(ĝ) = λ log ĝ, averaged
     assert float((pool_u - U0).abs().min()) > 1e-4  # every uploaded u moved away from u0

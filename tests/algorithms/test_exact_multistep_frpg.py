@@ -81,11 +81,11 @@ def test_lfrpg_three_slots_over_three_frames_matches_the_hand_loop(variant: str)
     vs = [zero.clone() for _ in fed.clients]
     clipped = 0
     for r in range(3):
-        sim.step()
+        report = sim.step()
         beta, a0, an = schedule(r + 1, d0, d, lip)
         u0 = (1 - beta) * w0 + beta * v0
         w0 = u0 - d0 * u0 / a0  # (19a-b), fixed for the frame
-        received = []
+        received, losses = [], []
         for n, s in enumerate(fed.clients):
             batches = alg.draw(RoundContext(r, fed_info(fed)), n, len(s), client_generator(SEED, round=r, client=n))
             w, v, gbar, slots = ws[n][-1], vs[n], zero.clone(), []
@@ -94,6 +94,7 @@ def test_lfrpg_three_slots_over_three_frames_matches_the_hand_loop(variant: str)
                 u = (1 - beta) * w_prev + beta * v  # (21a)
                 x, y = s.x[batches["batches"][k]], s.y[batches["batches"][k]]
                 grad = x.T @ (x @ u - y) / len(y) + d * u
+                losses.append(float(0.5 * ((x @ u - y) ** 2).mean()) / (T * len(fed.clients)))  # at u, no ridge
                 z, _ = huber_prox(w0 - u + grad / an, lam / an, mu)
                 w = w0 - z  # (21b)
                 g = lam * z / max(mu, float(torch.linalg.vector_norm(z)))  # (20)
@@ -113,6 +114,7 @@ def test_lfrpg_three_slots_over_three_frames_matches_the_hand_loop(variant: str)
         v0 = v0 - (d0 * (v0 - u0) + d0 * u0 + sum(received)) / (d0 + a0 * beta)  # (19c)
         torch.testing.assert_close(sim.server_state["w"]["w"], w0, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(sim.server_state["v"]["w"], v0, rtol=1e-12, atol=1e-12)
+        assert report.train_metrics["loss"] == pytest.approx(sum(losses), rel=1e-12)  # mean over slots, workers
     assert clipped >= 1  # the projection was exercised
     if variant == "lit":  # the readings differ: slot k of frame i starts from slot k of frame i - 1
         assert not torch.allclose(ws[0][0], ws[0][1])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import warnings
 from typing import Any
 
@@ -282,6 +283,7 @@ def test_u_tracks_the_inner_mean_and_stays_at_least_one() -> None:
         (FeDXL1, {"upload": 10_000}, "upload = 10000 exceeds"),
         (FeDXL2, {"u_init": 0.0}, "u_init = 0.0 is out of range"),
         (FeDXL1, {"local_steps": 0}, "local_steps = 0 is out of range"),
+        (FeDXL1, {"lr": 0.0}, r"lr = 0.0 is out of range; allowed: \(0.0, inf\)"),
     ],
 )
 def test_bad_hyper_parameters_are_named(cls: type, kwargs: dict, needle: str) -> None:
@@ -602,3 +604,157 @@ def test_fedxl_reports_its_training_loss_as_loss() -> None:
     sim.step()
     report = sim.step()
     assert set(report.train_metrics) == {"loss"} and report.train_metrics["loss"] > 0
+
+
+def test_fedxl_single_class_warnings_word_for_word() -> None:
+    """Each single-class client is named with the term it loses: G1 without positives, G2
+    without negatives (pinned by mutation testing, fedxl scope: pairwise.py)."""
+    fed, _ = label_skew()
+    with pytest.warns(SingleClassClientWarning) as seen:
+        Simulation(FeDXL1(model=linear()), fed, seed=0, dtype=F64)
+    messages = [str(w.message) for w in seen]
+    tail = (
+        "It still trains on the cross-client pairs of its other class; its {} term is 0 and the server drops its {} "
+        "score uploads"
+    )
+    assert messages[0] == "fedxl1: client 0 has no positive examples (40 samples). " + tail.format(
+        "G1 (its active positives)", "positive"
+    )
+    assert messages[1] == "fedxl1: client 1 has no negative examples (40 samples). " + tail.format(
+        "G2 (its active negatives)", "negative"
+    )
+
+
+def test_step_decay_counts_training_rounds_not_the_bootstrap() -> None:
+    """``η · lr_decay^(t // decay_rounds)`` at training round t: FeDXL's round 0 bootstraps, so
+    its round r trains t = r − 1; Local Pair trains from round 0."""
+    fedxl = FeDXL1(model=linear(), lr=0.4, lr_decay=0.5, decay_rounds=2)
+    assert [fedxl.round_lr(r) for r in range(6)] == [0.4, 0.4, 0.4, 0.2, 0.2, 0.1]
+    pair = LocalPair(model=linear(), lr=0.4, lr_decay=0.5, decay_rounds=2)
+    assert [pair.round_lr(r) for r in range(5)] == [0.4, 0.4, 0.2, 0.2, 0.1]
+    assert FeDXL2(model=linear(), lr=0.4).round_lr(7) == 0.4  # no decay_rounds: constant
+
+
+def test_the_global_model_is_the_averaged_params() -> None:
+    sim = Simulation(FeDXL2(model=linear(), local_steps=2, batch_pos=2, batch_neg=2), small_fed(), seed=0, dtype=F64)
+    sim.step(), sim.step()
+    assert sim.algorithm.global_params(sim.server_state) is sim.server_state["params"]
+
+
+def test_set_up_checks_of_the_federation_word_for_word() -> None:
+    """What ``check`` refuses and what it only warns about (pinned by mutation testing, fedxl
+    scope: pairwise.py): a single negative in the whole federation, a one-example client and
+    single-class clients after a two-class one are allowed; an empty client, a federation without
+    negatives and one without integer labels are refused with their own message."""
+    alg = FeDXL1(model=linear())
+
+    def fed(*counts: tuple[int, int]) -> FedInfo:
+        return FedInfo(len(counts), tuple(p + n for n, p in counts), 2, tuple(counts))  # counts: (negatives, positives)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        alg.check(fed((1, 3), (1, 4)))  # one negative per client is enough
+    with pytest.warns(SingleClassClientWarning) as seen:
+        alg.check(fed((2, 2), (0, 1), (3, 0)))  # a two-class client first, then a one-example positive client
+    assert [str(w.message).split(" examples")[0] for w in seen] == [
+        "fedxl1: client 1 has no negative",
+        "fedxl1: client 2 has no positive",
+    ]
+    with pytest.raises(FedriskError, match=r"^fedxl1: client 1 has no training samples; every client needs data$"):
+        alg.check(fed((2, 2), (0, 0)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SingleClassClientWarning)
+        with pytest.raises(
+            FedriskError, match=r"^fedxl1: the federation has no negative training examples; the X-risk is undefined$"
+        ):
+            alg.check(fed((0, 2), (0, 3)))
+        alg.check(fed((1, 2), (0, 3)))  # a single negative in the whole federation
+    with pytest.raises(
+        FedriskError, match=r"^fedxl1: needs integer class labels \(0/1\) to tell positives from negatives$"
+    ):
+        alg.check(FedInfo(2, (3, 3), 2))
+
+
+def test_the_u_table_has_a_row_per_positive_of_the_largest_client() -> None:
+    """u^0 holds one row per positive of the client with the most positives (one at least), at u_init."""
+    for positives, rows in (((1, 1, 0), 1), ((2, 3, 1), 3)):
+        clients = [(4, p) for p in positives]
+        info_ = FedInfo(3, tuple(n + p for n, p in clients), 2, tuple(clients))
+        ctx = RoundContext(0, info_)
+        u = FeDXL2(model=linear(), u_init=1.5).init_client(ctx, 0, {"w": torch.zeros(1, dtype=F64)})["u"]
+        assert u.shape == (rows,) and u.dtype == F64 and bool((u == 1.5).all())
+
+
+def test_scores_through_the_sigmoid_or_raw_and_a_multi_output_model_named() -> None:
+    """``score = "sigmoid"`` (default) squashes the model's output, ``"identity"`` keeps it; a
+    scorer with several outputs is refused naming the algorithm (pinned by mutation testing,
+    fedxl scope: pairwise.py)."""
+    x = torch.tensor([[1.0, -2.0, 0.5], [0.0, 0.3, -1.0]], dtype=F64)
+    params = {
+        "linear.weight": torch.tensor([[0.5, 0.25, -1.0]], dtype=F64),
+        "linear.bias": torch.tensor([0.2], dtype=F64),
+    }
+    raw = [0.5 * 1.0 + 0.25 * -2.0 + -1.0 * 0.5 + 0.2, 0.25 * 0.3 + 1.0 + 0.2]
+    assert FeDXL1(model=linear(), score="identity").predict(params, x).tolist() == pytest.approx(raw, abs=1e-15)
+    assert FeDXL1(model=linear()).predict(params, x).tolist() == pytest.approx([1 / (1 + math.exp(-v)) for v in raw])
+    two = FunctionalModel(build_model("logreg", (D,), 2))
+    with pytest.raises(FedriskError, match=r"^fedxl1: the objective needs a one-output scorer; the model returns 2 "):
+        FeDXL1(model=two).scores(two.init_params(torch.Generator().manual_seed(0)), x.float())
+
+
+def test_active_rows_reach_the_last_positive_of_a_positives_only_client() -> None:
+    """Ranks ``floor(u · n_pos)`` index the client's positives in row order, up to the last row."""
+    data = LocalData(torch.zeros(3, D, dtype=F64), torch.tensor([1, 1, 1]), torch.tensor(3))
+    draws = {"pos": torch.tensor([[0.99, 0.0, 0.5]], dtype=F64), "neg": torch.tensor([[0.3]], dtype=F64)}
+    rows_pos, _, has_pos, has_neg, rank = FeDXL1(model=linear()).active_rows(data, draws)
+    assert rows_pos.tolist() == [[2, 0, 1]] and rank.tolist() == [[2, 0, 1]]
+    assert (float(has_pos), float(has_neg)) == (1.0, 0.0)
+
+
+PAIRWISE_BAD_INPUT = [  # (keys, the whole message): PairwiseBase's checks, shared by FeDXL1/2 and Local Pair
+    ({"lr": 0.0}, "lr = 0.0 is out of range; allowed: (0.0, inf)"),
+    ({"local_steps": 1.5}, "local_steps must be an integer >= 1; got 1.5"),
+    ({"batch_pos": True}, "batch_pos must be an integer >= 1; got True"),
+    ({"batch_neg": 0}, "batch_neg = 0 is out of range; allowed: [1, inf)"),
+    ({"score": "sigmiod"}, "unknown score 'sigmiod'. Did you mean 'sigmoid'? Valid choices: identity, sigmoid"),
+    ({"clients_per_round": 0}, "clients_per_round = 0 is out of range; allowed: [1, inf)"),
+    ({"lr_decay": 0.0}, "lr_decay = 0.0 is out of range; allowed: (0.0, 1.0]"),
+    ({"lr_decay": 1.5}, "lr_decay = 1.5 is out of range; allowed: (0.0, 1.0]"),
+    ({"decay_rounds": 0}, "decay_rounds = 0 is out of range; allowed: [1, inf)"),
+    ({"u_init": 0.0, "xrisk": "pauc"}, "u_init = 0.0 is out of range; allowed: (0.0, inf)"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), PAIRWISE_BAD_INPUT)
+@pytest.mark.parametrize("cls", [FeDXL2, LocalPair])
+def test_each_bad_pairwise_key_gets_its_own_message(cls: type, kwargs: dict, message: str) -> None:
+    # pinned by mutation testing (fedxl scope: pairwise.py's __post_init__)
+    with pytest.raises(FedriskError, match=f"^{re.escape(message)}$"):
+        cls(model=None, **kwargs)
+
+
+def test_the_pairwise_boundary_values_are_allowed() -> None:
+    alg = FeDXL1(
+        model=None, lr=1e-12, local_steps=1, batch_pos=1, batch_neg=1, clients_per_round=1, lr_decay=1.0, decay_rounds=1
+    )
+    assert (alg.local_steps, alg.lr_decay, alg.decay_rounds) == (1, 1.0, 1)
+    assert FeDXL1(model=None, score="identity").score == "identity"
+
+
+def test_class_order_keeps_row_order_within_each_class() -> None:
+    """Positives in row order, then negatives in row order, then padding: a positive's u row is its
+    rank in row order on every executor (pinned by mutation testing, fedxl scope: torch's CPU
+    argsort is not stable on ties beyond 16 rows, so ``stable=True`` matters)."""
+    from fedrisk.algorithms.pairwise import class_order
+
+    y = torch.randint(0, 2, (40,), generator=torch.Generator().manual_seed(0))
+    order, n_pos, n_neg = class_order(LocalData(torch.zeros(40, 1), y, torch.tensor(37)))  # 3 padding rows
+    real = y[:37]
+    assert order.tolist() == [
+        *torch.nonzero(real == 1).flatten().tolist(),
+        *torch.nonzero(real != 1).flatten().tolist(),
+        37,
+        38,
+        39,
+    ]
+    assert (int(n_pos), int(n_neg)) == (int(real.sum()), 37 - int(real.sum()))

@@ -16,6 +16,7 @@ from fedrisk.data.federation import Federation, Samples
 from fedrisk.errors import FedriskError
 from fedrisk.metrics.classification import auprc
 from fedrisk.models import FunctionalModel, build_model
+from fedrisk.rng import client_generator
 from fedrisk.runtime.simulation import Simulation
 from fedrisk.runtime.vectorized import VectorizedExecutor
 
@@ -173,6 +174,17 @@ def test_server_averages_the_two_way_v() -> None:
     assert float(sim.server_state["v"]) == pytest.approx(float(vs.mean()), abs=1e-14)
 
 
+def test_two_way_v_starts_at_u_init_to_the_power_lam_over_lam_pos_in_the_runs_dtype() -> None:
+    """``v^0 = (u^0)^(λ/λ')`` with u^0 = 2, λ = 0.5, λ' = 0.25: 4, in float64 like the model
+    (pinned by mutation testing, fedxl scope: pairwise.py's init_server)."""
+    alg = FeDXL2(
+        model=linear(), xrisk="tpauc", u_init=2.0, lam=0.5, lam_pos=0.25, local_steps=2, batch_pos=2, batch_neg=2
+    )
+    sim = Simulation(alg, fed_of(num_clients=2), seed=0, dtype=F64)
+    assert sim.server_state["v"].dtype == F64 and float(sim.server_state["v"]) == 2.0 ** (0.5 / 0.25)
+    assert [sim.step().kind for _ in range(3)] == ["bootstrap", "train", "train"]  # FeDXL's round 0 bootstraps
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_local_pair_and_centralised_run_each_objective(kind: str) -> None:
     fed = fed_of(num_clients=3)
@@ -227,3 +239,41 @@ def test_bad_input_is_named() -> None:
     sim = Simulation(FeDXL2(model=two, xrisk="ap", local_steps=1, batch_pos=1, batch_neg=1), fed, seed=0)
     with pytest.raises(FedriskError, match="needs a one-output scorer; the model returns 2 outputs"):
         sim.step()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_single_class_client_ignores_the_pool_it_has_no_partner_for(kind: str) -> None:
+    """A client without negatives has no G2 (passive positives × its negatives): its update does
+    not move when the passive positive pool does (except under AP), but does when the negative pool
+    does; a client without positives never reads the negative pool (pinned by mutation testing, fedxl scope: the class
+    weights handed to the compositional step)."""
+    g = torch.Generator().manual_seed(1)
+    labels = ([1, 0, 1, 0, 0], [1, 1, 1], [0, 0, 0, 0], [1, 0, 1])  # both, positives only, negatives only, one negative
+    fed = Federation(
+        "one-class", [Samples(torch.randn(len(y), D, generator=g, dtype=F64), torch.tensor(y)) for y in labels], 2
+    )
+    alg = FeDXL2(model=linear(), xrisk=kind, local_steps=2, batch_pos=2, batch_neg=2, lr=0.5, beta=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SingleClassClientWarning)
+        sim = Simulation(alg, fed, seed=0, dtype=F64)
+    sim.step()  # the bootstrap round fills the pools
+    ctx = RoundContext(1, sim.info)
+    base = alg.configure(ctx, sim.server_state, torch.Generator().manual_seed(0)).payload(0)
+    moved_pos = {**base, "pool_pos": base["pool_pos"] * 0.5 + 0.2}
+    moved_neg = {**base, "pool_neg": base["pool_neg"] * 0.5 + 0.2}
+    if "pool_u" in base:
+        moved_pos["pool_u"] = base["pool_u"] * 1.7
+
+    def update(k: int, payload: dict) -> torch.Tensor:
+        c = fed.clients[k]
+        draws = alg.draw(ctx, k, len(c.y), client_generator(0, round=1, client=k))
+        data = LocalData(c.x, c.y, torch.tensor(len(c.y)))
+        return flat(alg.client_update(ctx, payload, sim.client_states[k], data, draws).reply["params"])
+
+    positives_only, negatives_only = update(1, base), update(2, base)
+    if kind != "ap":  # (AP ranks a positive against the passive positives too: it reads both pools)
+        assert torch.equal(update(1, moved_pos), positives_only)
+    assert not torch.equal(update(1, moved_neg), positives_only)
+    assert torch.equal(update(2, moved_neg), negatives_only) and not torch.equal(update(2, moved_pos), negatives_only)
+    assert not torch.equal(update(0, moved_pos), update(0, base))  # a two-class client reads both pools
+    assert not torch.equal(update(3, moved_pos), update(3, base))  # ... even with a single negative

@@ -4,6 +4,7 @@ the server's projection, attack-magnitude invariance, short behavioural runs, ba
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -296,6 +297,98 @@ def test_other_bad_input() -> None:
     assert dataclasses.replace(frpg(), lam=2.0).lam == 2.0
 
 
+NOT_POSITIVE = "is not allowed; it must be a number > 0"
+BAD_INPUT = [  # (class, keys, the whole message): pinned by mutation testing (frpg scope)
+    (FRPG, {"lam": 0.0}, f"lam = 0.0 {NOT_POSITIVE}"),
+    (FRPG, {"mu": -1.0}, f"mu = -1.0 {NOT_POSITIVE}"),
+    (FRPG, {"delta": 0.0}, f"delta = 0.0 {NOT_POSITIVE}"),
+    (FRPG, {"delta_server": float("nan")}, f"delta_server = nan {NOT_POSITIVE}"),
+    (FRPG, {"lipschitz": float("inf")}, "lipschitz = inf is not allowed; it must be a finite number > 0"),
+    (FRPG, {"lipschitz_server": 0.0}, f"lipschitz_server = 0.0 {NOT_POSITIVE}"),
+    (FRPG, {"lam_decay": 0.0}, f"lam_decay = 0.0 {NOT_POSITIVE}"),
+    (FRPG, {"batch_size": 0}, "batch_size = 0 is out of range; allowed: [1, inf)"),
+    (FRPG, {"sampling": "bootstrap"}, "unknown sampling 'bootstrap'. Valid choices: shuffle, with_replacement"),
+    (
+        FRPG,
+        {"pre": "median"},
+        "unknown pre-aggregation (algorithm.pre) 'median'. Valid choices: arc, bucketing, nnm, none",
+    ),
+    (FRPG, {"pre": "nnm", "pre_f": -1}, "pre_f = -1 is out of range; allowed: [0, inf)"),
+    (FRPG, {"pre": "bucketing", "bucket_size": 0}, "bucket_size = 0 is out of range; allowed: [1, inf)"),
+    (
+        FRPG,
+        {"pre": "bucketing", "pre_f": 1},
+        "algorithm.pre_f = 1 is used only with pre = 'nnm' or 'arc' (pre = 'bucketing')",
+    ),
+    (FRPG, {"lam_schedule": "cosine"}, "unknown lam_schedule 'cosine'. Valid choices: constant, geometric, list, sqrt"),
+    (
+        FRPG,
+        {"lam_decay": 0.5, "lam_schedule": "sqrt"},
+        "algorithm.lam_decay = 0.5 is used only with lam_schedule = 'geometric' (lam_schedule = 'sqrt')",
+    ),
+    (
+        FRPG,
+        {"lam_schedule": "list"},
+        "algorithm.lam_values (one lambda per round) is needed with lam_schedule = 'list' "
+        "and only then (lam_schedule = 'list', lam_values = [])",
+    ),
+    (
+        FRPG,
+        {"lam_values": (1.0,)},
+        "algorithm.lam_values (one lambda per round) is needed with lam_schedule = 'list' "
+        "and only then (lam_schedule = 'constant', lam_values = [1.0])",
+    ),
+    (
+        FRPG,
+        {"lam_schedule": "list", "lam_values": (1.0, 0.0)},
+        "algorithm.lam_values[1] = 0.0 is not allowed; every lambda must be > 0",
+    ),
+    (
+        FRPG,
+        {"lam_schedule": "list", "lam_values": (2.0, float("inf"))},
+        "algorithm.lam_values[1] = inf is not allowed; every lambda must be > 0",
+    ),
+    (
+        FRPG,
+        {"lam_schedule": "list", "lam_values": ("1",)},
+        "algorithm.lam_values[0] = '1' is not allowed; every lambda must be > 0",
+    ),
+    (FRPG, {"nonfinite": "skip"}, "algorithm.nonfinite = 'skip' is not allowed; valid choices: raise, exclude"),
+    (LFRPG, {"local_slots_per_round": 0}, "local_slots_per_round = 0 is out of range; allowed: [1, inf)"),
+    (LFRPG, {"variant": "literal"}, "unknown LFRPG variant 'literal'. Did you mean 'lit'? Valid choices: lit, seq"),
+    (LFRPG, {"mu": 0.0}, f"mu = 0.0 {NOT_POSITIVE}"),
+    (RSA, {"lam": 0.0}, f"lam = 0.0 {NOT_POSITIVE}"),
+    (RSA, {"lr": -1.0}, f"lr = -1.0 {NOT_POSITIVE}"),
+    (RSA, {"delta": -0.1}, "delta = -0.1 is out of range; allowed: [0.0, inf)"),
+    (RSA, {"delta_server": -0.1}, "delta_server = -0.1 is out of range; allowed: [0.0, inf)"),
+    (RSA, {"batch_size": 0}, "batch_size = 0 is out of range; allowed: [1, inf)"),
+    (RSA, {"sampling": "x"}, "unknown sampling 'x'. Valid choices: shuffle, with_replacement"),
+    (RobustSGD, {"lr": 0.0}, f"lr = 0.0 {NOT_POSITIVE}"),
+    (RobustSGD, {"delta": -1.0}, "delta = -1.0 is out of range; allowed: [0.0, inf)"),
+    (RobustSGD, {"batch_size": 0}, "batch_size = 0 is out of range; allowed: [1, inf)"),
+    (RobustSGD, {"sampling": "x"}, "unknown sampling 'x'. Valid choices: shuffle, with_replacement"),
+    (RobustSGD, {"lr_decay": "cosine"}, "unknown lr_decay 'cosine'. Valid choices: constant, sqrt"),
+]
+
+
+@pytest.mark.parametrize(("cls", "kw", "message"), BAD_INPUT, ids=lambda v: getattr(v, "__name__", None))
+def test_each_bad_key_gets_its_own_message(cls, kw, message) -> None:
+    """Each check names the key and what is allowed: the whole one-line message."""
+    with pytest.raises(FedriskError, match=f"^{re.escape(message)}$"):
+        cls(model=model(), loss=cross_entropy, **kw)
+
+
+def test_the_boundary_values_are_allowed() -> None:
+    """The edges of each range are accepted (a check one step too strict fails here)."""
+    for cls in (RSA, RobustSGD):
+        assert cls(model=model(), loss=cross_entropy, delta=0.0, batch_size=1).delta == 0.0
+    assert RSA(model=model(), loss=cross_entropy, delta_server=0.0).delta_server == 0.0
+    assert frpg(batch_size=1, pre="nnm", pre_f=0, lam_schedule="geometric", lam_decay=1.0).batch_size == 1
+    assert frpg(pre="bucketing", bucket_size=1).bucket_size == 1
+    assert frpg(pre="arc", pre_f=1).pre_f == frpg(pre="nnm", pre_f=1).pre_f == 1
+    assert LFRPG(model=model(), loss=cross_entropy, local_slots_per_round=1).slots_per_round == 1
+
+
 def test_frpg_from_a_config_with_an_attack() -> None:
     from fedrisk.experiment.config import resolve_config
     from fedrisk.experiment.runner import build_simulation
@@ -325,6 +418,128 @@ def test_robust_sgd_with_bucketing_is_executor_independent() -> None:
     b = _run(make(), GaussianAttack(1e4), [7], rounds=4, executor="vectorized")
     wa, wb = tree_flatten_vector(a.server_state["w"]), tree_flatten_vector(b.server_state["w"])
     assert torch.allclose(wa, wb, atol=1e-12)
+
+
+def test_nonfinite_messages_are_raised_on_or_excluded() -> None:
+    """``nonfinite = "raise"`` names the workers; ``"exclude"`` sums the finite ones and, with
+    nothing finite left, says so (pinned by mutation testing, frpg scope)."""
+    nan, inf = float("nan"), float("inf")
+    rows = {0: [1.0, 2.0, 0.5], 1: [nan, 0.0, 0.0], 2: [0.5, -1.0, 0.0], 3: [0.0, inf, 1.0]}
+    replies = InMemoryReplies({k: {"g": torch.tensor(v, dtype=F64)} for k, v in rows.items()})
+    with pytest.raises(FedriskError, match=re.escape("frpg: the messages g of workers [1, 3] contain NaN/inf")):
+        frpg().message_sum(replies, 10.0, None)
+    total = frpg(nonfinite="exclude").message_sum(replies, 10.0, None)
+    assert total.tolist() == [1.5, 1.0, 0.5]  # workers 0 and 2, unprojected (norms < 10)
+    one = InMemoryReplies(
+        {0: {"g": torch.tensor([3.0, 4.0], dtype=F64)}, 1: {"g": torch.tensor([nan, 0.0], dtype=F64)}}
+    )
+    assert frpg(nonfinite="exclude").message_sum(one, 1.0, None).tolist() == pytest.approx([0.6, 0.8])  # projected
+    none = InMemoryReplies({k: {"g": torch.tensor([nan, inf], dtype=F64)} for k in range(2)})
+    with pytest.raises(FedriskError, match=r"^frpg: every message contains NaN/inf; nothing left to aggregate$"):
+        frpg(nonfinite="exclude").message_sum(none, 1.0, None)
+
+
+def test_lipschitz_warning_reads_the_data_bound() -> None:
+    """The warning's bound is ``1 + max_i ||x_i||^2`` over every client's real rows (padding
+    excluded), quoted in the message; silent at exactly a tenth of it and without data (pinned by
+    mutation testing, frpg scope)."""
+    import warnings
+
+    rows = LocalData(
+        torch.tensor([[1.0, 2.0], [0.5, 0.5], [9.0, 9.0]], dtype=F64), torch.tensor([0, 1, 0]), torch.tensor(2)
+    )
+    other = LocalData(torch.tensor([[0.0, 1.5]], dtype=F64), torch.tensor([1]), torch.tensor(1))
+    fed = FedInfo(2, (2, 1), CLASSES)
+    bound = 1.0 + 5.0  # ||(1, 2)||^2 = 5; the padded row (9, 9) does not count
+    with pytest.warns(UserWarning) as record:
+        frpg(lipschitz=0.5).check_data(fed, [rows, other])
+    assert str(record[0].message) == (
+        "frpg: lipschitz = 0.5 is below a tenth of max_i ||x_i||^2 + 1 = 6 of the training data (the paper's L_n "
+        "for softmax regression); the worker steps 1/alpha_n of eq. (17) may be too long"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        frpg(lipschitz=0.1 * bound).check_data(fed, [rows, other])  # at the limit
+        empty = LocalData(torch.zeros(1, 2, dtype=F64), torch.tensor([0]), torch.tensor(0))
+        frpg(lipschitz=0.15).check_data(FedInfo(1, (0,), CLASSES), [empty])  # no rows: the bound is 1
+
+
+def test_the_pre_aggregation_f_bound_is_checked_against_the_workers() -> None:
+    """``2 pre_f < n`` for both ``nnm`` and ``arc``; the bound itself is allowed."""
+    data = [LocalData(torch.zeros(1, FEATURES, dtype=F64), torch.tensor([0]), torch.tensor(1))] * 5
+    frpg(pre="nnm", pre_f=2).check_data(FedInfo(5, (1,) * 5, CLASSES), data)  # 4 < 5
+    with pytest.raises(
+        FedriskError,
+        match=r"^algorithm.pre_f = 2 is not allowed with 4 workers: pre = 'arc' needs 2 pre_f < the number of workers$",
+    ):
+        frpg(pre="arc", pre_f=2).check_data(FedInfo(4, (1,) * 4, CLASSES), data[:4])
+
+
+@pytest.mark.parametrize("cls", [FRPG, RSA, RobustSGD])
+def test_zero_init_off_starts_from_the_models_init(cls) -> None:
+    alg = cls(model=model(), loss=cross_entropy)
+    assert all(float(p.abs().sum()) == 0 for p in alg.init_params(torch.Generator().manual_seed(0)).values())
+    own = dataclasses.replace(alg, zero_init=False).init_params(torch.Generator().manual_seed(0))
+    want = model().init_params(torch.Generator().manual_seed(0))
+    assert all(torch.equal(own[k], want[k]) for k in want) and any(float(p.abs().sum()) > 0 for p in own.values())
+
+
+def test_lambda_schedule_defaults_and_the_slot_numbering() -> None:
+    from fedrisk.algorithms.frpg import frpg_lam
+
+    assert frpg_lam(3, 2.0) == 2.0  # "constant" by default
+    assert frpg_lam(3, 2.0, "geometric") == 2.0  # decay 1 by default
+    with pytest.raises(FedriskError, match=r"^unknown lam_schedule 'sqrtt'. Did you mean 'sqrt'\? Valid choices: "):
+        frpg_lam(1, 1.0, "sqrtt")
+    with pytest.raises(FedriskError, match=r"^FRPG slots are numbered from 1; got k = 0$"):
+        frpg_schedule(0, 0.1, 0.1, 1.0, 1.0)
+
+
+def test_robust_sgd_buckets_with_the_rounds_generator() -> None:
+    """``w_0 ← w_0 − η_k median(bucket means)``, the buckets drawn from the generator the round
+    hands to ``aggregate`` (the aggregator's fixed fallback seed would bucket alike every round;
+    pinned by mutation testing, frpg scope)."""
+    from fedrisk.aggregators import CoordinateMedian
+
+    alg = RobustSGD(model=model(), loss=cross_entropy, lr=0.5, aggregator=CoordinateMedian(pre="bucketing"))
+    grads = [torch.tensor([float(k * k), float((-1) ** k * k), 1.0 / (k + 1)], dtype=F64) for k in range(6)]
+    replies = InMemoryReplies({k: {"grad": {"w": g}} for k, g in enumerate(grads)})
+    w = torch.tensor([0.3, -0.2, 1.0], dtype=F64)
+    ctx = RoundContext(3, FedInfo(6, (10,) * 6, CLASSES))  # k = 4: η = 0.5 / 2
+    results = []
+    for seed in (1, 2):
+        got = alg.aggregate(ctx, {"w": {"w": w}}, None, replies, torch.Generator().manual_seed(seed))["w"]["w"]
+        perm = torch.randperm(6, generator=torch.Generator().manual_seed(seed)).tolist()
+        means = torch.stack([(grads[perm[i]] + grads[perm[i + 1]]) / 2 for i in (0, 2, 4)])
+        torch.testing.assert_close(got, w - 0.25 * means.sort(dim=0).values[1], rtol=1e-12, atol=1e-12)
+        results.append(got)
+    assert not torch.equal(results[0], results[1])  # the buckets (and the step) depend on the generator
+
+
+@pytest.mark.parametrize("cls", [RSA, RobustSGD, FRPG, LFRPG])
+def test_one_minibatch_per_slot_in_the_configured_sampling(cls) -> None:
+    """RSA, RobustSGD and FRPG draw one minibatch a round, LFRPG one per slot (T = 2 here);
+    ``shuffle`` draws distinct rows within an epoch."""
+    ctx = RoundContext(0, FedInfo(2, (5, 5), CLASSES))
+    slots = {"local_slots_per_round": 2} if cls is LFRPG else {}
+    for sampling in ("shuffle", "with_replacement"):
+        alg = cls(model=model(), loss=cross_entropy, batch_size=5, sampling=sampling, **slots)
+        batches = alg.draw(ctx, 0, 5, client_generator(0, round=0, client=0))["batches"]
+        assert batches.shape == (2 if slots else 1, 5)
+        if sampling == "shuffle":
+            assert all(sorted(b.tolist()) == [0, 1, 2, 3, 4] for b in batches)
+    repeated = [
+        len(
+            set(
+                cls(model=model(), loss=cross_entropy, batch_size=5)
+                .draw(ctx, 0, 5, client_generator(s, round=0, client=0))["batches"][0]
+                .tolist()
+            )
+        )
+        < 5
+        for s in range(5)
+    ]
+    assert any(repeated)  # with replacement repeats rows (the check above can tell the two apart)
 
 
 # ----------------------------------------------------------------------------- full-batch mode (7.2.6-7.2.8)

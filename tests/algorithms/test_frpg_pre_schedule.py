@@ -181,3 +181,27 @@ def test_nnm_f_above_half_the_workers_is_refused_before_round_0() -> None:
     fed = _ls.least_squares((8, 10, 12, 9), 1)
     with pytest.raises(FedriskError, match=r"^algorithm.pre_f = 2 is not allowed with 4 workers: pre = 'nnm' needs"):
         Simulation(FRPG(**common(pre="nnm", pre_f=2)), fed, seed=SEED, dtype=F64)
+
+
+@pytest.mark.parametrize("bucket_size", [2, 3])
+def test_bucketed_message_sum_is_rescaled_by_workers_over_buckets(bucket_size: int) -> None:
+    """(6c)'s sum after bucketing four width-4 messages: the m bucket means, each projected on the
+    λ-ball, summed and scaled by n / m (a width equal to the worker count, so a rescale that read
+    the messages' width instead of their count would go unnoticed elsewhere; pinned by mutation
+    testing, frpg scope)."""
+    from fedrisk.aggregators import InMemoryReplies
+
+    rows = [
+        torch.tensor(v, dtype=F64)
+        for v in ([1.0, 0.0, 2.0, 0.5], [0.2, -1.0, 0.0, 0.3], [0.0, 0.4, -0.6, 1.0], [3.0, 1.0, 0.0, -2.0])
+    ]
+    replies = InMemoryReplies({k: {"g": g} for k, g in enumerate(rows)})
+    lam = 1.1
+    alg = FRPG(**common(pre="bucketing", bucket_size=bucket_size))
+    got = alg.message_sum(replies, lam, torch.Generator().manual_seed(7))
+    perm = torch.randperm(4, generator=torch.Generator().manual_seed(7)).tolist()
+    buckets = [perm[i : i + bucket_size] for i in range(0, 4, bucket_size)]
+    means = [sum(rows[j] for j in b) / len(b) for b in buckets]
+    projected = [g * min(1.0, lam / float(torch.linalg.vector_norm(g))) for g in means]
+    assert any(float(torch.linalg.vector_norm(g)) > lam for g in means)  # the projection acted
+    torch.testing.assert_close(got, sum(projected) * (4 / len(buckets)), rtol=1e-12, atol=1e-12)

@@ -1,5 +1,6 @@
 """The standard attacks: pinned forged replies, randomness, data poisoning, registry and bad input."""
 
+import re
 from statistics import NormalDist
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 from fedrisk.aggregators import InMemoryReplies
 from fedrisk.algorithms.base import FedInfo, RoundContext
 from fedrisk.attacks import ALIE, ATTACKS, IPM, GaussianAttack, SameValueAttack, SignFlipAttack, ZeroAttack, alie_z
+from fedrisk.attacks.standard import ReplyAttack
 from fedrisk.errors import FedriskError
 from fedrisk.rng import server_generator
 
@@ -74,19 +76,39 @@ def test_omniscient_attack_needs_an_honest_reply() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cls", "kw", "match"),
+    ("cls", "kw", "message"),
     [
-        (GaussianAttack, {"scale": 0.0}, "scale"),
-        (GaussianAttack, {"scale": float("inf")}, "scale"),
-        (SignFlipAttack, {"scale": -1.0}, "scale"),
-        (IPM, {"epsilon": 0.0}, "epsilon"),
-        (ALIE, {"z": float("nan")}, "z"),
-        (SameValueAttack, {"value": float("inf")}, "value"),
+        (GaussianAttack, {"scale": 0.0}, "gaussian: scale = 0.0 is not allowed; it must be a finite number > 0"),
+        (
+            GaussianAttack,
+            {"scale": float("inf")},
+            "gaussian: scale = inf is not allowed; it must be a finite number > 0",
+        ),
+        (SignFlipAttack, {"scale": -1.0}, "sign_flip: scale = -1.0 is not allowed; it must be a finite number > 0"),
+        (IPM, {"epsilon": 0.0}, "ipm: epsilon = 0.0 is not allowed; it must be a finite number > 0"),
+        (IPM, {"epsilon": True}, "ipm: epsilon = True is not allowed; it must be a finite number > 0"),
+        (ALIE, {"z": float("nan")}, "alie: z = nan is not allowed; it must be a finite number"),
+        (ALIE, {"z": "1"}, "alie: z = '1' is not allowed; it must be a finite number"),
+        (
+            SameValueAttack,
+            {"value": float("inf")},
+            "same_value: value = inf is not allowed; it must be a finite number",
+        ),
     ],
 )
-def test_bad_attack_options(cls, kw, match) -> None:
-    with pytest.raises(FedriskError, match=match):
+def test_bad_attack_options(cls, kw, message) -> None:
+    # the whole message: the attack, its option and what is allowed (pinned by mutation testing, frpg scope)
+    with pytest.raises(FedriskError, match=f"^{re.escape(message)}$"):
         cls(**kw)
+
+
+def test_attack_defaults_are_the_papers() -> None:
+    # paper 002's Gaussian scale 1e4; a plain sign flip; IPM's epsilon 0.1 (Xie et al.); RSA's same value 100;
+    # ALIE's z = 0 meaning Baruch et al.'s z_max, and a given z used from the start (before any apply)
+    assert GaussianAttack().scale == 1e4 and SignFlipAttack().scale == 1.0
+    assert IPM().epsilon == 0.1 and SameValueAttack().value == 100.0 and ALIE().z == 0.0
+    honest = torch.tensor([[0.0], [2.0]])
+    assert ALIE(z=2.0).forge_leaf(torch.zeros(1), honest, torch.Generator()).tolist() == pytest.approx([1 - 2 * 2**0.5])
 
 
 def test_registry_and_config() -> None:
@@ -115,3 +137,31 @@ def test_gaussian_forgery_keeps_the_reply_dtype() -> None:
     floats = InMemoryReplies({k: {"w": torch.tensor([float(k)], dtype=torch.float32)} for k in range(3)})
     out = GaussianAttack(1.0).apply(CTX, floats, [2], torch.Generator().manual_seed(0)).as_dict()
     assert out[2]["w"].dtype == torch.float32  # the noise is drawn in float64
+
+
+class _Nudge(ReplyAttack):
+    """A custom omniscient attack: its own leaf, plus the honest mean, plus noise from the round's generator."""
+
+    name = "nudge"
+    omniscient = True
+
+    def forge_leaf(self, own, honest, gen):
+        return own + honest.mean(dim=0) + torch.rand(own.shape, generator=gen, dtype=own.dtype)
+
+
+def test_reply_attack_contract_for_a_custom_omniscient_attack() -> None:
+    """``forge_leaf`` gets the Byzantine client's own leaf, the honest leaves stacked and the
+    round's generator; integer leaves inside a forged tree (a batch-norm step counter) are kept
+    (pinned by mutation testing, frpg scope)."""
+    tree = {k: {"p": {"w": torch.tensor([float(k), 1.0]), "steps": torch.tensor(10 + k)}} for k in range(4)}
+    out = _Nudge().apply(CTX, InMemoryReplies(tree), [3], torch.Generator().manual_seed(5)).as_dict()
+    noise = torch.rand(2, generator=torch.Generator().manual_seed(5))
+    assert out[3]["p"]["w"].tolist() == pytest.approx(
+        (torch.tensor([3.0, 1.0]) + torch.tensor([1.0, 1.0]) + noise).tolist()
+    )
+    assert int(out[3]["p"]["steps"]) == 13 and out[3]["p"]["steps"].dtype == torch.int64
+
+
+def test_a_non_omniscient_attack_runs_with_every_client_byzantine() -> None:
+    out = SignFlipAttack(2.0).apply(CTX, replies(), [0, 1, 2, 3, 4], torch.Generator()).as_dict()
+    assert [out[k]["p"]["w"].tolist() for k in range(5)] == [[-2.0 * k, -4.0 * k] for k in range(5)]

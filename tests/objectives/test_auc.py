@@ -515,3 +515,46 @@ def test_a_badly_shaped_score_or_label_vector_is_named(name: str) -> None:
     args[name] = args[name].reshape(2, 2)
     with pytest.raises(FedriskError, match=rf"^{name} must have shape \[N\] or \[N, 1\]; got \(2, 2\)$"):
         auc_square_minmax(args["scores"], args["labels"], a=0.5, b=0.3, alpha=1.1, p=0.5)
+
+
+def test_weighted_aucm_and_its_directions_at_a_margin_other_than_one() -> None:
+    """The local loop's closed form of AUCM (value and the four derivatives) against the per-example
+    objective written out by hand, at m = 0.6 and p = 0.3 (m = 1 hides a ``p(1−p)·m`` vs
+    ``p(1−p)/m`` slip; pinned by mutation testing, codasca scope)."""
+    h = [0.9, 0.2, 0.4, 0.7, -0.3]
+    y = [1, 0, 0, 1, 0]
+    a, b, al, p, m = 0.5, 0.3, 0.8, 0.3, 0.6
+    n = len(h)
+    value = g_a = g_b = g_al = 0.0
+    g_h = []
+    for hi, yi in zip(h, y):
+        pos, neg = float(yi == 1), float(yi != 1)
+        value += (1 - p) * (hi - a) ** 2 * pos + p * (hi - b) ** 2 * neg
+        value += 2 * al * (p * (1 - p) * m + p * hi * neg - (1 - p) * hi * pos) - p * (1 - p) * al**2
+        g_h.append((2 * (1 - p) * (hi - a) * pos + 2 * p * (hi - b) * neg + 2 * al * (p * neg - (1 - p) * pos)) / n)
+        g_a += -2 * (1 - p) * (hi - a) * pos
+        g_b += -2 * p * (hi - b) * neg
+        g_al += 2 * (p * (1 - p) * m + p * hi * neg - (1 - p) * hi * pos) - 2 * p * (1 - p) * al
+    w = auc_module.auc_label_weights(torch.tensor(y), t(p))
+    d = auc_module.auc_minmax_weighted_directions(t(h), t(a), t(b), t(al), w, margin=m)
+    assert d.value.item() == pytest.approx(value / n, abs=TOL)
+    assert auc_module.auc_minmax_weighted(t(h), t(a), t(b), t(al), w, margin=m).item() == pytest.approx(
+        value / n, abs=TOL
+    )
+    assert d.h.tolist() == pytest.approx(g_h, abs=TOL)
+    assert [d.a.item(), d.b.item(), d.alpha.item()] == pytest.approx([g_a / n, g_b / n, g_al / n], abs=TOL)
+
+
+def test_non_tensor_scores_a_non_scalar_margin_and_a_multi_output_scorer_are_named() -> None:
+    # pinned by mutation testing (codasca scope): the messages of the remaining argument checks
+    with pytest.raises(FedriskError, match=r"^scores must be a tensor of shape \[N\] or \[N, 1\]; got list$"):
+        auc_square_minmax([0.1, 0.2], torch.tensor([1, 0]), a=0.5, b=0.3, alpha=1.1, p=0.5)
+    with pytest.raises(FedriskError, match=r"^margin must be a scalar; got a tensor of shape \(2,\)$"):
+        auc_module.optimal_dual_from_sums(t(1.6), t(2.0), t(0.6), t(2.0), margin=torch.ones(2))
+    with pytest.raises(
+        FedriskError,
+        match=r"^codaplus: the objective needs a one-output scorer; the model returns 3 outputs per sample "
+        r"\(build it with num_outputs = 1\)$",
+    ):
+        auc_module.single_output(torch.zeros(4, 3), "codaplus")
+    assert float(auc_module.optimal_dual_from_sums(t(1.6), t(2.0), t(0.6), t(2.0), margin=t([1.0]))) == 0.5

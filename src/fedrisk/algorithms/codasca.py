@@ -103,7 +103,8 @@ class CODASCA(CODAPlus):
         if self.control_variate not in CONTROL_VARIATES:
             raise unknown_name("control_variate", self.control_variate, CONTROL_VARIATES)
         # η̃_s = η_s · η_g · I_s: constant over the stages when window_growth = lr_decay (Theorem 2)
-        growth = self.window_growth / self.lr_decay if self.stages.staged else 1.0
+        # (without stages window_growth = 1 and lr_decay >= 1, so nothing grows: CODAPlus checks that)
+        growth = self.window_growth / self.lr_decay
         eta_tilde = self.lr * self.global_lr * self.window
         if eta_tilde > EFFECTIVE_STEP_LIMIT or growth > 1.0:
             warnings.warn(

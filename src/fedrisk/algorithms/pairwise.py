@@ -302,8 +302,8 @@ class PairwiseBase(Algorithm):
         # padded to the largest client's positive count so that every client's state has the same
         # shape (the vectorised executor then runs all clients in one vmap group); rows >= the
         # client's positive count are never read.  AP keeps two columns (u_pos, u_all) per positive.
-        pairs = class_count_pairs(ctx.fed.class_counts) if ctx.fed.class_counts else ()
-        rows = max([p for p, _ in pairs] + [1]) if pairs else max(ctx.fed.client_sizes)
+        # (check() has refused a federation without class counts)
+        rows = max([p for p, _ in class_count_pairs(ctx.fed.class_counts)] + [1])
         shape = (rows, U_COLUMNS["ap"]) if self.kind == "ap" else (rows,)
         init = 0.0 if self.kind == "pauc_cvar" else float(getattr(self, "u_init", 1.0))  # SOPA's s^0 = 0
         return {"u": torch.full(shape, init, dtype=dtype)}
