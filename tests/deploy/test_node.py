@@ -9,14 +9,14 @@ import torch
 
 pytest.importorskip("flwr", reason="the flower extra (scripts/setup.sh installs it)")
 
-import fedrisk.experiment.runner as runner
+import fedrisk.experiment.assemble as assemble
 from fedrisk.algorithms.base import RoundContext
 from fedrisk.deploy.handshake import fingerprint
 from fedrisk.deploy.node import node_round, node_setup, setup_path
 from fedrisk.deploy.records import Meta, decode, encode
 from fedrisk.errors import FedriskError
 from fedrisk.experiment import resolve_config
-from fedrisk.experiment.runner import build_simulation
+from fedrisk.experiment.assemble import build_simulation
 from fedrisk.rng import server_generator
 
 from .test_records import same
@@ -36,7 +36,7 @@ def test_the_setup_is_built_once_then_loaded_without_the_dataset(tmp_path, monke
     cfg = config()
     sim = build_simulation(cfg).simulation
     first = node_setup(cfg, 2, tmp_path)
-    monkeypatch.setattr(runner, "build_simulation", no_build)
+    monkeypatch.setattr(assemble, "build_simulation", no_build)
     again = node_setup(cfg, 2, tmp_path)
     assert first.built and not again.built
     assert again.info == sim.info == first.info
@@ -58,7 +58,7 @@ def test_a_loaded_setup_gives_the_built_setups_reply_bit_for_bit(tmp_path, monke
     node = {"partition-id": 1, "num-partitions": 3}
     built = node_round(cfg, content, {**node, "state-dir": str(tmp_path / "a")})  # builds the setup
     node_setup(cfg, 1, tmp_path / "b")
-    monkeypatch.setattr(runner, "build_simulation", no_build)
+    monkeypatch.setattr(assemble, "build_simulation", no_build)
     loaded = node_round(cfg, content, {**node, "state-dir": str(tmp_path / "b")})  # loads it
     assert same(decode(built)[0], decode(loaded)[0])
 

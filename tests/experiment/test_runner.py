@@ -124,16 +124,16 @@ def test_resume_after_a_crash_uses_the_last_periodic_checkpoint(tiny, tmp_path, 
     ],
 )
 def test_checkpoints_by_wall_clock_and_round_intervals(tiny, tmp_path, monkeypatch, options, expected):
-    from fedrisk.experiment import runner
+    from fedrisk.experiment import callbacks
 
     written: list[int] = []
-    save = runner.save_checkpoint
+    save = callbacks.save_checkpoint
 
     def recording_save(path, sim, *args):
         written.append(sim.round)
         save(path, sim, *args)
 
-    monkeypatch.setattr(runner, "save_checkpoint", recording_save)
+    monkeypatch.setattr(callbacks, "save_checkpoint", recording_save)
     tiny["run"].pop("checkpoint_every")
     cfg = resolve_config(tiny, ["run.rounds=6", *options])
     run_experiment(cfg, tmp_path / "r", progress="none")

@@ -9,7 +9,7 @@ on a SuperNode computes bit for bit what the sequential executor computes for it
 
 Example:
     >>> from fedrisk.experiment import resolve_config
-    >>> from fedrisk.experiment.runner import build_simulation
+    >>> from fedrisk.experiment.assemble import build_simulation
     >>> from fedrisk.algorithms.base import RoundContext
     >>> from fedrisk.rng import server_generator
     >>> sim = build_simulation(resolve_config({"data": {"dataset": "digits", "num_clients": 2}})).simulation

@@ -14,9 +14,9 @@ initial state (``init_client``) and the resolved model spec (input shape, number
 objective).  ``<experiment>`` is the config fingerprint (:func:`fedrisk.deploy.handshake.fingerprint`,
 a hash of every key that changes the numbers), so a node never reads the setup of another config.
 The first message that needs it (the handshake, before round 0) builds it once with
-:func:`~fedrisk.experiment.runner.build_simulation`; every later message loads only its own
+:func:`~fedrisk.experiment.assemble.build_simulation`; every later message loads only its own
 partition and rebuilds the algorithm object from the config without any dataset
-(:func:`~fedrisk.experiment.runner.build_algorithm`).  The file is written with
+(:func:`~fedrisk.experiment.assemble.build_algorithm`).  The file is written with
 :func:`~fedrisk.experiment.checkpoint.write_checkpoint` and read with the restricted unpickler
 (tensors and plain containers only); a damaged file or one of another :data:`SETUP_VERSION` is
 rebuilt.  A loaded setup computes what a built one computes, bit for bit (same tensors, same
@@ -103,7 +103,7 @@ def node_setup(cfg: Any, client: int, root: str | Path, experiment: str | None =
 
 
 def _build(cfg: Any, client: int, experiment: str, path: Path) -> NodeSetup:
-    from fedrisk.experiment.runner import build_simulation, run_seed
+    from fedrisk.experiment.assemble import build_simulation, run_seed
 
     num_clients = cfg["data.num_clients"]
     if not 0 <= client < num_clients:
@@ -132,7 +132,7 @@ def _build(cfg: Any, client: int, experiment: str, path: Path) -> NodeSetup:
 
 
 def _load(cfg: Any, client: int, experiment: str, path: Path) -> NodeSetup:
-    from fedrisk.experiment.runner import build_algorithm
+    from fedrisk.experiment.assemble import build_algorithm
 
     payload, _ = load_newest(path)
     if payload.get("version") != SETUP_VERSION:

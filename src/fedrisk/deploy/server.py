@@ -17,7 +17,7 @@ for SuperNodes); the Flower ServerApp will send through its ``Grid`` and match r
 
 Example:
     >>> from fedrisk.experiment import resolve_config
-    >>> from fedrisk.experiment.runner import build_simulation
+    >>> from fedrisk.experiment.assemble import build_simulation
     >>> cfg = resolve_config({"data": {"dataset": "digits", "num_clients": 2}, "run": {"rounds": 2}})
     >>> sim = build_simulation(cfg, executor=LoopbackExecutor()).simulation
     >>> sim.step().clients

@@ -270,9 +270,10 @@ def evaluate_new_clients(run: str | Path, config: str | Path, **options: Any) ->
     build the new clients from CONFIG's ``[data]`` (a ``[model]`` table, when given, must equal
     the run's; ``[new_clients] clients = [...]`` keeps only those clients) and personalise them
     (:func:`personalise_new_clients`, ``options`` passed on); writes ``RUN/new_clients.csv``."""
+    from fedrisk.experiment.assemble import build_simulation
+    from fedrisk.experiment.callbacks import load_checkpoint
     from fedrisk.experiment.config import read_toml, resolve_config
     from fedrisk.experiment.outputs import RunDir
-    from fedrisk.experiment.runner import build_simulation, load_checkpoint
 
     rd = RunDir(run)
     if not rd.config.is_file() or not rd.checkpoint.is_file():

@@ -71,7 +71,7 @@ class Scored:
 
 def load_saved(run: str | Path, model: str = "selected") -> dict[str, Any]:
     """The saved model of a run directory: ``{"round", "selected_by", "global", ["personal"]}``."""
-    from fedrisk.experiment.runner import MODEL_FILE
+    from fedrisk.experiment.assemble import MODEL_FILE
 
     if model not in MODELS:
         raise FedriskError(f"--model {model!r} is not allowed; allowed: {', '.join(MODELS)}")
@@ -119,8 +119,8 @@ def evaluate_run(
 ) -> Scored:
     """Score the saved ``model`` of ``run`` on ``split`` of the run's data or of the ``[data]``
     table of ``config`` (with the run's seed); ``metrics`` default to the run's."""
+    from fedrisk.experiment.assemble import build_simulation
     from fedrisk.experiment.config import read_toml, resolve_config
-    from fedrisk.experiment.runner import build_simulation
     from fedrisk.runtime.evaluation import score_model
 
     if split not in SPLITS:

@@ -41,10 +41,11 @@ import tomli_w
 
 from fedrisk.data.build import reuse_federations
 from fedrisk.errors import FedriskError
+from fedrisk.experiment.callbacks import SIGNAL_NAMES
 from fedrisk.experiment.config import ExperimentConfig, flatten
 from fedrisk.experiment.outputs import RunDir, atomic_write_text
 from fedrisk.experiment.report import Report, make_report
-from fedrisk.experiment.runner import SIGNAL_NAMES, RunInterrupted, run_experiment
+from fedrisk.experiment.runner import RunInterrupted, run_experiment
 from fedrisk.experiment.schema import to_toml_value
 
 SWEEP_CONFIG = "sweep.toml"

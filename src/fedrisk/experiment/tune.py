@@ -56,8 +56,9 @@ from fedrisk.data.build import reuse_federations
 from fedrisk.errors import FedriskError
 from fedrisk.experiment.config import ExperimentConfig, resolve_config
 from fedrisk.experiment.outputs import RunDir, atomic_write_text, read_jsonl
-from fedrisk.experiment.runner import RunInterrupted, lower_is_better, run_experiment
+from fedrisk.experiment.runner import RunInterrupted, run_experiment
 from fedrisk.experiment.schema import to_toml_value
+from fedrisk.experiment.selection import lower_is_better
 from fedrisk.experiment.tune_outputs import TuneResult, write_outputs
 from fedrisk.experiment.tune_space import (
     Dimension,

@@ -14,8 +14,8 @@ import tomli_w
 from fedrisk.errors import FedriskError
 from fedrisk.experiment.config import ExperimentConfig, apply_overrides
 from fedrisk.experiment.outputs import atomic_write_text
-from fedrisk.experiment.runner import lower_is_better
 from fedrisk.experiment.schema import format_value, to_toml_value
+from fedrisk.experiment.selection import lower_is_better
 from fedrisk.experiment.tune_space import select_overrides, short
 
 if TYPE_CHECKING:

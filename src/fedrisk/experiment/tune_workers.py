@@ -106,7 +106,7 @@ def _prefetch(base: ExperimentConfig, spec: TuneSpec) -> None:
     space changes the data; a config error is left to the trials to report."""
     if any(k.startswith("data.") or k.startswith("run.seed") for k in spec.space):
         return
-    from fedrisk.experiment.runner import build_simulation
+    from fedrisk.experiment.assemble import build_simulation
 
     try:
         with warnings.catch_warnings():

@@ -81,7 +81,7 @@ def worst_over_attacks(
 ) -> dict[str, list[float]]:
     """Per method, per seed (that every one of its attacks ran: to a value, or ``stopped`` with
     an error), the worst final value over the attacks that left a value in that seed."""
-    from fedrisk.experiment.runner import lower_is_better
+    from fedrisk.experiment.selection import lower_is_better
 
     pick = max if lower_is_better(metric) else min
     stopped = stopped or {}
@@ -164,7 +164,7 @@ def worst_case_section(groups: Sequence[Any], metrics: Sequence[str], out_dir: P
         head,
         "|---|---:|---|---|" + "---:|" * len(attacks),
     ]
-    from fedrisk.experiment.runner import lower_is_better
+    from fedrisk.experiment.selection import lower_is_better
 
     for method in methods:
         means = {a: sum(v.values()) / len(v) for (m, a), v in values.items() if m == method}
