@@ -64,6 +64,15 @@ SRC = HERE.parent / "src"
 sys.path.insert(0, str(SRC))
 sys.path.insert(0, str(HERE))
 
+#: two clusters of clients with their own test rows: the personalised families' data
+PERSONAL_DATA = {
+    "dataset": "perm_synthetic",
+    "partition": "by_attribute",
+    "num_clients": 4,
+    "client_test_fraction": 0.2,
+    "dataset_options": {"num_clients": 4, "samples_per_client": 60, "dim": 10, "test_per_client": 10},
+}
+
 FAMILIES: dict[str, dict[str, Any]] = {
     "fedavg": {
         "data": {"dataset": "mog_2d", "partition": "iid", "num_clients": 6,
@@ -156,23 +165,17 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "algorithm": {"name": "scaffold", "lr": 0.1, "local_steps": 3, "batch_size": 16},
     },
     "ifca": {
-        "data": {"dataset": "perm_synthetic", "partition": "by_attribute", "num_clients": 4,
-                 "client_test_fraction": 0.2,
-                 "dataset_options": {"num_clients": 4, "samples_per_client": 60, "dim": 10, "test_per_client": 10}},
+        "data": PERSONAL_DATA,
         "model": {"name": "logreg"},
         "algorithm": {"name": "ifca", "lr": 0.5, "local_steps": 3, "batch_size": 16},
     },
     "apple": {
-        "data": {"dataset": "perm_synthetic", "partition": "by_attribute", "num_clients": 4,
-                 "client_test_fraction": 0.2,
-                 "dataset_options": {"num_clients": 4, "samples_per_client": 60, "dim": 10, "test_per_client": 10}},
+        "data": PERSONAL_DATA,
         "model": {"name": "logreg"},
         "algorithm": {"name": "apple", "lr": 0.5, "local_steps": 3, "batch_size": 16},
     },
     "fedfomo": {
-        "data": {"dataset": "perm_synthetic", "partition": "by_attribute", "num_clients": 4,
-                 "client_test_fraction": 0.2, "client_validation_fraction": 0.2,
-                 "dataset_options": {"num_clients": 4, "samples_per_client": 60, "dim": 10, "test_per_client": 10}},
+        "data": {**PERSONAL_DATA, "client_validation_fraction": 0.2},
         "model": {"name": "logreg"},
         "algorithm": {"name": "fedfomo", "lr": 0.5, "local_steps": 3, "batch_size": 16},
     },

@@ -111,6 +111,19 @@ def ls_steps(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, idx: torch.Tenso
     return w, total / idx.shape[0]
 
 
+def shuffle_round(v, sigma, j, r, fed, sizes, alpha, lr, K, B):
+    """One round of Alg. 1's shuffle by hand: model i visits host ``sigma[(i + j + 1) % N]`` and takes
+    K steps on its batches, scaled by α_{i,k}; returns the new models and each model's mean loss."""
+    n = len(sigma)
+    new, losses = v.clone(), []
+    for i in range(n):
+        k = sigma[(i + j + 1) % n]
+        idx = sample_batches(client_generator(SEED, round=r, client=k), sizes[k], K, B)
+        new[i], loss = ls_steps(v[i], fed.clients[k].x, fed.clients[k].y, idx, lr * float(alpha[i, k]))
+        losses.append(loss)
+    return new, losses
+
+
 @pytest.mark.parametrize("weights", ["samples", "uniform", "local"])
 def test_perm_shuffling_with_fixed_weights_over_two_epochs_matches_alg_1(weights: str) -> None:
     """Alg. 1 with ``α_i(k) = n_k / n`` (unequal sizes), ``1 / N`` or ``[i = k]``, K = 3
@@ -211,12 +224,7 @@ def test_perm_alpha_batch_global_batch_and_warm_up_over_three_epochs_match_alg_2
         w_now = sim.server_state["w"]["w"].clone()
         sigma = sim.server_state["sigma"].tolist()
         for j in range(N):
-            new = v.clone()
-            for i in range(N):
-                k = sigma[(i + j + 1) % N]
-                idx = sample_batches(client_generator(SEED, round=r, client=k), sizes[k], K, B)
-                new[i], _ = ls_steps(v[i], fed.clients[k].x, fed.clients[k].y, idx, lr * float(alpha[i, k]))
-            v = new
+            v, _ = shuffle_round(v, sigma, j, r, fed, sizes, alpha, lr, K, B)
             assert sim.step().kind == "shuffle"
             r += 1
             torch.testing.assert_close(sim.server_state["v"]["w"], v, rtol=0, atol=1e-12)
@@ -269,12 +277,7 @@ def test_perm_two_stage_with_alpha_batch_matches_alg_3_then_alg_1() -> None:
     for _ in range(2):
         sigma = sim.server_state["sigma"].tolist()
         for j in range(N):
-            new = v.clone()
-            for i in range(N):
-                k = sigma[(i + j + 1) % N]
-                idx = sample_batches(client_generator(SEED, round=r, client=k), sizes[k], K, B)
-                new[i] = ls_steps(v[i], fed.clients[k].x, fed.clients[k].y, idx, lr * float(alpha[i, k]))[0]
-            v = new
+            v, _ = shuffle_round(v, sigma, j, r, fed, sizes, alpha, lr, K, B)
             assert sim.step().kind == "shuffle"
             r += 1
             torch.testing.assert_close(sim.server_state["v"]["w"], v, rtol=0, atol=1e-12)

@@ -159,8 +159,9 @@ def migrate(out: Path, echo: Callable[[str], None]) -> None:
         ) from None
     new_journal(out, lambda new: optuna.copy_study(from_study_name=STUDY_NAME, from_storage=old, to_storage=new))
     old.engine.dispose()
-    old_name = OLD_STUDY_FILE
-    echo(f"{old_name} (an older fedrisk's SQLite study) copied to {STUDY_FILE}; {old_name} is left in place")
+    echo(
+        f"{OLD_STUDY_FILE} (an older fedrisk's SQLite study) copied to {STUDY_FILE}; {OLD_STUDY_FILE} is left in place"
+    )
 
 
 def has_study(out: Path) -> bool:
