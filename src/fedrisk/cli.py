@@ -3,8 +3,8 @@
 ::
 
     fedrisk run CONFIG [--set key=value ...] [--variant NAME] [--out DIR] [--resume | --overwrite] [--plain | --quiet]
-    fedrisk sweep CONFIG [--set key=value ...] [--grid key=v1,v2 ...] [--seeds N | --seeds 0,3,7]
-                  [--jobs J] [--tune TRIALS] [--out DIR] [--plain | --quiet]
+    fedrisk sweep CONFIG [--set key=value ...] [--variant NAME ...] [--grid key=v1,v2 ...]
+                  [--seeds N | --seeds 0,3,7] [--jobs J] [--tune TRIALS] [--out DIR] [--plain | --quiet]
     fedrisk tune CONFIG [--set key=value ...] [--space KEY=SPEC ...] [--trials N] [--metric M]
                  [--pruner median|halving|none] [--sampler tpe|random] [--jobs J] [--out DIR]
                  [--resume | --overwrite] [--quiet]
@@ -103,10 +103,20 @@ def pick_variant(cfg: Any, name: str | None) -> tuple[Any, str]:
                 file=sys.stderr,
             )
         return cfg, ""
-    if name not in variants:
-        allowed = ", ".join(variants) if variants else "(none: the config has no [sweep.variants])"
-        raise FedriskError(f"--variant {name!r} is not a variant of the config; allowed: {allowed}")
-    return cfg.with_overrides(dict(variants[name])), name
+    return cfg.with_overrides(dict(chosen_variants(cfg, [name])[name])), name
+
+
+def chosen_variants(cfg: Any, names: Sequence[str] | None) -> dict[str, Any]:
+    """The config's ``[sweep.variants]`` named in ``names`` (in the config's order; all of them
+    without names).  A name that is not a variant is an error listing the variants."""
+    variants = cfg["sweep.variants"]
+    if not names:
+        return dict(variants)
+    for name in names:
+        if name not in variants:
+            allowed = ", ".join(variants) if variants else "(none: the config has no [sweep.variants])"
+            raise FedriskError(f"--variant {name!r} is not a variant of the config; allowed: {allowed}")
+    return {name: over for name, over in variants.items() if name in names}
 
 
 def run_table(summary: dict[str, Any], path: Path) -> str:
@@ -148,6 +158,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from fedrisk.experiment.config import load_config, resolve_seeds
 
     cfg = load_config(args.config, args.set)  # config errors first: the sweep module imports torch
+    variants = chosen_variants(cfg, args.variant)
     from fedrisk.experiment.sweep import parse_grid
 
     grid = dict(cfg["sweep.grid"])
@@ -164,10 +175,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from fedrisk.experiment.sweep import run_tuned_sweep
 
         result = run_tuned_sweep(
-            cfg, out, trials=args.tune, variants=cfg["sweep.variants"], seeds=seeds, jobs=jobs, progress=_progress(args)
+            cfg, out, trials=args.tune, variants=variants, seeds=seeds, jobs=jobs, progress=_progress(args)
         )
         return _show_sweep(result)
-    return _sweep(cfg, out, args, grid=grid, variants=cfg["sweep.variants"], seeds=seeds, jobs=jobs)
+    return _sweep(cfg, out, args, grid=grid, variants=variants, seeds=seeds, jobs=jobs)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -462,6 +473,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=V1,V2",
         help="values of one key to sweep, e.g. --grid algorithm.lr=0.01,0.1; repeatable",
+    )
+    p.add_argument(
+        "--variant",
+        action="append",
+        metavar="NAME",
+        help="run only this one of the config's [sweep.variants] (repeatable; a later sweep without it reuses "
+        "the finished runs)",
     )
     p.add_argument("--seeds", metavar="N|LIST", help="number of seeds (from run.seed) or a list like 0,1,2")
     p.add_argument("--jobs", type=int, metavar="J", help="runs in parallel (subprocesses; default sweep.jobs or 1)")

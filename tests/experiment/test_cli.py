@@ -3,6 +3,7 @@ SIGTERM to a ``python -m fedrisk run`` subprocess followed by an exact resume.""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -129,6 +130,41 @@ def test_sweep_and_report_errors(capsys, config, tmp_path):
     assert code == 2 and err.startswith("error: no run directories (with config.toml and metrics.jsonl) at or below")
     code, _, err = run_cli(capsys, "report", tmp_path / "nope")
     assert code == 2 and "does not exist" in err
+
+
+def test_sweep_variant_runs_only_the_named_ones_and_a_full_sweep_reuses_them(capsys, tmp_path, tiny, monkeypatch):
+    import fedrisk.experiment.sweep as sweep
+
+    monkeypatch.setattr(sweep, "make_report", functools.partial(sweep.make_report, plots=False))  # (speed)
+    tiny["run"]["rounds"] = 1
+    tiny["sweep"] = {
+        "variants": {
+            "avg": {"algorithm.name": "fedavg"},
+            "prox": {"algorithm.name": "fedprox", "algorithm.mu": 0.1},
+            "slow": {"algorithm.lr": 0.01},
+        }
+    }
+    config = write_config(tmp_path / "v.toml", tiny)
+    out = tmp_path / "s"
+    code, _, err = run_cli(capsys, "sweep", config, "--variant", "slow", "--variant", "avg", "--out", out, "--plain")
+    assert code == 0 and "sweep: 2 run(s)" in err
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["avg", "slow"]
+    first = {name: (out / name / "seed=0" / "metrics.jsonl").stat().st_mtime_ns for name in ("avg", "slow")}
+    code, out_text, err = run_cli(capsys, "sweep", config, "--out", out, "--plain")
+    assert code == 0 and "sweep: 3 run(s) in" in err and "(2 already finished, 1 to run" in err
+    assert {name: (out / name / "seed=0" / "metrics.jsonl").stat().st_mtime_ns for name in first} == first
+    assert "| prox |" in out_text and "| avg |" in out_text and "| slow |" in out_text
+
+    code, _, err = run_cli(capsys, "sweep", config, "--variant", "avg", "--variant", "scafold", "--out", out)
+    assert code == 2 and err == "error: --variant 'scafold' is not a variant of the config; allowed: avg, prox, slow\n"
+    del tiny["sweep"]
+    plain = write_config(tmp_path / "plain.toml", tiny)
+    none = "(none: the config has no [sweep.variants])"
+    for extra in ([], ["--tune", "2"]):
+        code, _, err = run_cli(capsys, "sweep", plain, "--variant", "avg", *extra, "--out", tmp_path / "p")
+        assert code == 2
+        assert err == f"error: --variant 'avg' is not a variant of the config; allowed: {none}\n"
+    assert not (tmp_path / "p").exists()
 
 
 def test_run_with_several_seeds_runs_each(capsys, config, tmp_path):

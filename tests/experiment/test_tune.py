@@ -3,6 +3,7 @@ trial, best.toml, and a resumed study (also after kill -9) equal to an uninterru
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -454,6 +455,33 @@ def test_sweep_tune_without_tunable_key_is_an_error(tmp_path):
     with pytest.raises(FedriskError, match="sweep variant 'avg' has no tunable key"):
         run_tuned_sweep(cfg, tmp_path, trials=2, variants={"avg": {"algorithm.name": "fedavg"}}, progress="none")
     assert not any(tmp_path.iterdir())  # checked before anything ran
+
+
+def test_cli_sweep_tune_variant_tunes_only_the_named_one_and_a_full_sweep_reuses_it(tmp_path, capsys, monkeypatch):
+    import fedrisk.experiment.sweep as sweep
+    from fedrisk.cli import main
+
+    monkeypatch.setattr(sweep, "make_report", functools.partial(sweep.make_report, plots=False))  # (speed)
+
+    variants = {
+        "avg": {"algorithm.name": "fedavg", "tune.keys": ["algorithm.lr"]},
+        "prox": {"algorithm.name": "fedprox", "tune.keys": ["algorithm.lr"]},
+    }
+    raw = {**RAW, "run": {**RAW["run"], "rounds": 2, "eval_every": 1}, "sweep": {"variants": variants}}
+    path = tmp_path / "c.toml"
+    path.write_text(tomli_w.dumps(raw))
+    argv = ["sweep", str(path), "--tune", "1", "--seeds", "1", "--out", str(tmp_path / "o"), "--quiet"]
+    assert main([*argv, "--variant", "prox"]) == 0
+    assert sorted(p.name for p in (tmp_path / "o").iterdir() if p.is_dir()) == ["prox"]
+    kept = [tmp_path / "o" / "prox" / f for f in ("tune/study.journal", "seed=0/metrics.jsonl")]
+    before = [f.stat().st_mtime_ns for f in kept]
+    tuned = (tmp_path / "o" / "prox" / "tuned.json").read_text()
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert [f.stat().st_mtime_ns for f in kept] == before  # the finished study and run are reused
+    assert (tmp_path / "o" / "prox" / "tuned.json").read_text() == tuned
+    assert (tmp_path / "o" / "avg" / "seed=0" / "summary.json").is_file()
+    assert "| prox |" in capsys.readouterr().out
 
 
 @pytest.mark.slow
