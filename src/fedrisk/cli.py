@@ -14,6 +14,11 @@
     fedrisk list [KIND [NAME]]
     fedrisk deploy certs | node-key | register | superlink | supernode | run ...   (fedrisk.deploy.cli)
 
+``--set`` is the last word: it is applied after a sweep variant's keys (``run --variant``,
+``sweep``, ``sweep --tune``) and takes its key out of the config's ``[sweep.grid]``; a key given
+to ``--set`` and ``--grid`` both is an error (``--set sweep.variants.NAME.KEY=...`` sets one
+variant's key, kept over a general ``--set KEY=...``).
+
 User errors (a bad config value, a name that does not exist, a run directory in the wrong
 state) print ``error: <message>`` (a config: one such line per problem) and exit with status
 2, never with a traceback.  A run
@@ -66,7 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedrisk.experiment.config import load_config
 
     cfg = load_config(args.config, args.set)  # config errors first: the runner imports torch
-    cfg, variant = pick_variant(cfg, args.variant)
+    cfg, variant = pick_variant(cfg, args.variant, args.set)
     from fedrisk.experiment.outputs import RunDir
     from fedrisk.experiment.runner import check_out_dir, default_out_dir, run_experiment
 
@@ -91,9 +96,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def pick_variant(cfg: Any, name: str | None) -> tuple[Any, str]:
-    """The config of sweep variant ``name`` (its overrides applied; the base without a name).
-    A config with variants run without ``--variant`` says which exist and that the base runs."""
+def pick_variant(cfg: Any, name: str | None, sets: Sequence[str] = ()) -> tuple[Any, str]:
+    """The config of sweep variant ``name`` (its overrides applied, less the keys ``sets`` assign:
+    ``cfg`` holds those already; the base without a name).  A config with variants run without
+    ``--variant`` says which exist and that the base runs."""
     variants = cfg["sweep.variants"]
     if name is None:
         if variants:
@@ -103,20 +109,48 @@ def pick_variant(cfg: Any, name: str | None) -> tuple[Any, str]:
                 file=sys.stderr,
             )
         return cfg, ""
-    return cfg.with_overrides(dict(chosen_variants(cfg, [name])[name])), name
+    return cfg.with_overrides(chosen_variants(cfg, [name], sets)[name]), name
 
 
-def chosen_variants(cfg: Any, names: Sequence[str] | None) -> dict[str, Any]:
+def chosen_variants(cfg: Any, names: Sequence[str] | None, sets: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     """The config's ``[sweep.variants]`` named in ``names`` (in the config's order; all of them
-    without names).  A name that is not a variant is an error listing the variants."""
+    without names), each less the keys that the command line's ``--set`` (``sets``) assigns:
+    ``--set`` is applied after a variant's keys (a note names each key it replaces).  A name that
+    is not a variant is an error listing the variants."""
     variants = cfg["sweep.variants"]
-    if not names:
-        return dict(variants)
-    for name in names:
+    for name in names or ():
         if name not in variants:
             allowed = ", ".join(variants) if variants else "(none: the config has no [sweep.variants])"
             raise FedriskError(f"--variant {name!r} is not a variant of the config; allowed: {allowed}")
-    return {name: over for name, over in variants.items() if name in names}
+    chosen = {name: over for name, over in variants.items() if not names or name in names}
+    return {name: _after_set(over, sets, name) for name, over in chosen.items()}
+
+
+def _after_set(overrides: dict[str, Any], sets: Sequence[str], variant: str | None = None) -> dict[str, Any]:
+    """``overrides`` (variant ``variant``'s, or the config's grid without a name) with the keys
+    that ``--set`` assigns left to ``--set`` (one note naming them).  A variant takes the command
+    line's values instead (the base config holds them already: the same run, and its table in
+    ``sweep.toml`` shows what it ran with and is never left empty), and keeps the keys that the
+    command line sets for it alone (``--set sweep.variants.NAME.KEY=...``: the more specific key)."""
+    from fedrisk.experiment.config import assignments, without_keys
+    from fedrisk.experiment.schema import format_value
+
+    given = assignments(sets)
+    own = f"sweep.variants.{variant}"
+    if variant is not None and own in given:
+        return dict(overrides)
+    mine = [k.removeprefix(own + ".") for k in given if variant is not None and k.startswith(own + ".")]
+    left = without_keys(overrides, list(given))
+    replaced = [k for k in overrides if k not in left and k in without_keys(overrides, mine)]
+    if not replaced:
+        return dict(overrides)
+    whose = f"variant {variant}'s" if variant is not None else "the config's [sweep.grid]"
+    shown = ", ".join(f"{k} = {format_value(overrides[k])}" for k in replaced)
+    print(f"note: --set replaces {whose} {shown}", file=sys.stderr)
+    kept = {k: v for k, v in overrides.items() if k not in replaced}
+    if variant is not None:
+        kept.update({k: v for k, v in given.items() if k not in without_keys(given, replaced)})
+    return kept
 
 
 def run_table(summary: dict[str, Any], path: Path) -> str:
@@ -158,11 +192,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from fedrisk.experiment.config import load_config, resolve_seeds
 
     cfg = load_config(args.config, args.set)  # config errors first: the sweep module imports torch
-    variants = chosen_variants(cfg, args.variant)
+    variants = chosen_variants(cfg, args.variant, args.set)
+    from fedrisk.experiment.config import assignments, without_keys
     from fedrisk.experiment.sweep import parse_grid
 
-    grid = dict(cfg["sweep.grid"])
-    grid.update(parse_grid(args.grid))
+    command_grid = parse_grid(args.grid)
+    both = [k for k in command_grid if k not in without_keys(command_grid, list(assignments(args.set)))]
+    if both:
+        raise FedriskError(f"{', '.join(both)} is set both by --set and by --grid; set it in one place")
+    grid = _after_set(dict(cfg["sweep.grid"]), args.set)
+    grid.update(command_grid)
     seeds_spec = cfg["sweep.seeds"] if args.seeds is None else _parse_seeds(args.seeds)
     seeds = resolve_seeds(seeds_spec, cfg["run.seed"])
     jobs = args.jobs if args.jobs is not None else cfg["sweep.jobs"]
@@ -436,18 +475,18 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--plain", action="store_true", help="one line per evaluation (automatic when not a terminal)")
         g.add_argument("--quiet", action="store_true", help="no progress output")
 
-    def set_flag(p: argparse.ArgumentParser) -> None:
+    def set_flag(p: argparse.ArgumentParser, after: str = "") -> None:
         p.add_argument(
             "--set",
             action="append",
             default=[],
             metavar="KEY=VALUE",
-            help="override a config key (dotted, TOML value), e.g. --set algorithm.lr=0.05; repeatable",
+            help="override a config key (dotted, TOML value), e.g. --set algorithm.lr=0.05; repeatable" + after,
         )
 
     p = sub.add_parser("run", help="run one experiment from a config", description="Run one experiment from a config.")
     p.add_argument("config", metavar="CONFIG", help="a TOML config file")
-    set_flag(p)
+    set_flag(p, "; applied after the variant's keys (--variant): the command line wins")
     p.add_argument(
         "--variant",
         metavar="NAME",
@@ -466,7 +505,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run variants x grid x seeds (finished runs are skipped, interrupted ones resumed).",
     )
     p.add_argument("config", metavar="CONFIG", help="a TOML config file (its [sweep] table is the default grid)")
-    set_flag(p)
+    set_flag(
+        p,
+        "; applied after the variants' keys and the config's [sweep.grid] (the command line wins; "
+        "a key also in --grid is an error)",
+    )
     p.add_argument(
         "--grid",
         action="append",

@@ -4,6 +4,7 @@ SIGTERM to a ``python -m fedrisk run`` subprocess followed by an exact resume.""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -165,6 +166,105 @@ def test_sweep_variant_runs_only_the_named_ones_and_a_full_sweep_reuses_them(cap
         assert code == 2
         assert err == f"error: --variant 'avg' is not a variant of the config; allowed: {none}\n"
     assert not (tmp_path / "p").exists()
+
+
+def test_set_on_the_command_line_wins_over_a_variants_keys(capsys, tmp_path, tiny, monkeypatch):
+    """``--set KEY`` is applied after a variant's keys (``run --variant``, ``sweep``): the
+    command line is the last word, and the run's config.toml shows the value it ran with."""
+    import fedrisk.experiment.sweep as sweep
+    from fedrisk.experiment.config import load_config
+
+    monkeypatch.setattr(sweep, "make_report", functools.partial(sweep.make_report, plots=False))  # (speed)
+    tiny["run"]["rounds"] = 1
+    tiny["sweep"] = {
+        "variants": {
+            "long": {"run.rounds": 3, "algorithm.lr": 0.05},
+            "prox": {"algorithm.name": "fedprox", "algorithm.mu": 0.1},
+        }
+    }
+    config = write_config(tmp_path / "v.toml", tiny)
+    code, _, err = run_cli(
+        capsys, "run", config, "--variant", "long", "--set", "run.rounds=2", "--out", tmp_path / "r", "--quiet"
+    )
+    assert code == 0 and err == "note: --set replaces variant long's run.rounds = 3\n"
+    run_cfg = load_config(tmp_path / "r" / "config.toml")
+    assert (run_cfg["run.rounds"], run_cfg["algorithm.lr"]) == (2, 0.05)  # the variant's other key stays
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["rounds"] == 2
+
+    code, _, err = run_cli(
+        capsys,
+        "sweep",
+        config,
+        "--set",
+        "run.rounds=2",
+        "--set",
+        "algorithm.lr=0.2",
+        "--out",
+        tmp_path / "s",
+        "--quiet",
+    )
+    assert code == 0
+    assert err == "note: --set replaces variant long's run.rounds = 3, algorithm.lr = 0.05\n"
+    for name in ("long", "prox"):
+        run_cfg = load_config(tmp_path / "s" / name / "seed=0" / "config.toml")
+        assert (run_cfg["run.rounds"], run_cfg["algorithm.lr"]) == (2, 0.2)
+    assert load_config(tmp_path / "s" / "prox" / "seed=0" / "config.toml")["algorithm.name"] == "fedprox"
+    # the sweep as run (what --jobs > 1 runs its points from): variant long states the command line's values
+    assert load_config(tmp_path / "s" / "sweep.toml")["sweep.variants"]["long"] == {
+        "run.rounds": 2,
+        "algorithm.lr": 0.2,
+    }
+
+
+def test_set_for_one_variant_is_kept_over_a_general_set(capsys):
+    """docs/results/byzantine_worst_case.md's command: 400 rounds for every method, 140 for LFRPG
+    (``--set sweep.variants.lfrpg.run.rounds=140``: the more specific key wins)."""
+    from fedrisk.cli import chosen_variants
+    from fedrisk.experiment.config import load_config
+
+    sets = ["run.rounds=400", "run.eval_every=100"]
+    sets += ["sweep.variants.lfrpg.run.rounds=140", "sweep.variants.lfrpg.run.eval_every=20"]
+    cfg = load_config(REPO / "configs" / "byzantine" / "worst_case_key_cells.toml", sets)
+    variants = chosen_variants(cfg, None, sets)
+    ran = {name: cfg.with_overrides(over) for name, over in variants.items()}
+    assert {name: (c["run.rounds"], c["run.eval_every"]) for name, c in ran.items()} == {
+        "frpg": (400, 100),
+        "lfrpg": (140, 20),
+        "rsa": (400, 100),
+        "geomed": (400, 100),
+    }
+    assert capsys.readouterr().err == ""
+    variants = chosen_variants(cfg, ["lfrpg"], ["run.rounds=400", "sweep.variants.lfrpg.run.eval_every=20"])
+    assert (variants["lfrpg"]["run.rounds"], variants["lfrpg"]["run.eval_every"]) == (400, 20)
+    assert capsys.readouterr().err == "note: --set replaces variant lfrpg's run.rounds = 140\n"
+
+
+def test_set_wins_over_the_configs_grid_and_the_command_lines_grid_is_one_place(capsys, tmp_path, tiny, monkeypatch):
+    import fedrisk.experiment.sweep as sweep
+    from fedrisk.experiment.config import load_config
+
+    monkeypatch.setattr(sweep, "make_report", functools.partial(sweep.make_report, plots=False))  # (speed)
+    tiny["run"]["rounds"] = 1
+    tiny["sweep"] = {"grid": {"algorithm.lr": [0.05, 0.1]}, "variants": {"three": {"algorithm.local_steps": 3}}}
+    config = write_config(tmp_path / "g.toml", tiny)
+    out = tmp_path / "s"
+    code, _, err = run_cli(capsys, "sweep", config, "--set", "algorithm.lr=0.2", "--out", out, "--quiet")
+    assert code == 0 and err == "note: --set replaces the config's [sweep.grid] algorithm.lr = [0.05, 0.1]\n"
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["three"]
+    assert load_config(out / "three" / "seed=0" / "config.toml")["algorithm.lr"] == 0.2
+    # --grid on the command line sweeps its key as documented (over the config's grid) ...
+    code, _, _ = run_cli(capsys, "sweep", config, "--grid", "algorithm.lr=0.3", "--out", tmp_path / "g", "--quiet")
+    assert (
+        code == 0
+        and load_config(tmp_path / "g" / "three,algorithm.lr=0.3" / "seed=0" / "config.toml")["algorithm.lr"] == 0.3
+    )
+    # ... and a key given both to --set and to --grid is ambiguous
+    code, _, err = run_cli(
+        capsys, "sweep", config, "--set", "algorithm.lr=0.2", "--grid", "algorithm.lr=0.3", "--out", tmp_path / "x"
+    )
+    assert code == 2
+    assert err == "error: algorithm.lr is set both by --set and by --grid; set it in one place\n"
+    assert not (tmp_path / "x").exists()
 
 
 def test_run_with_several_seeds_runs_each(capsys, config, tmp_path):

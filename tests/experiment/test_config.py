@@ -15,12 +15,14 @@ from fedrisk.errors import FedriskError
 from fedrisk.experiment.config import (
     algorithm_fields,
     apply_overrides,
+    assignments,
     diff_configs,
     load_config,
     parse_assignment,
     parse_literal,
     resolve_config,
     resolve_seeds,
+    without_keys,
 )
 from fedrisk.experiment.schema import REQUIRED, Section, derived_section, toml_type, validate
 
@@ -103,6 +105,20 @@ def test_parse_literal_and_assignment():
 def test_set_into_a_value_is_refused():
     with pytest.raises(FedriskError, match=r"cannot set 'run.rounds.x': 'run.rounds' is a value \(5\), not a table"):
         apply_overrides({"run": {"rounds": 5}}, ["run.rounds.x=1"])
+
+
+def test_without_keys_leaves_to_set_the_same_key_a_table_it_replaces_and_a_value_around_it():
+    given = assignments(["run.rounds=8", "data.binarize={imratio = 0.2}", "algorithm.aggregator.beta=0.1"])
+    assert given == {"run.rounds": 8, "data.binarize": {"imratio": 0.2}, "algorithm.aggregator.beta": 0.1}
+    variant = {
+        "run.rounds": 64,  # the same key
+        "run.rounds_per_stage": 4,  # a longer name, not inside run.rounds: kept
+        "data.binarize.positive_classes": [1],  # inside a table --set replaces
+        "algorithm.aggregator": "median",  # a value that --set sets a key inside
+        "algorithm.lr": 0.1,
+    }
+    assert without_keys(variant, list(given)) == {"run.rounds_per_stage": 4, "algorithm.lr": 0.1}
+    assert without_keys(variant, []) == variant
 
 
 def test_resolve_seeds():

@@ -484,6 +484,24 @@ def test_cli_sweep_tune_variant_tunes_only_the_named_one_and_a_full_sweep_reuses
     assert "| prox |" in capsys.readouterr().out
 
 
+def test_cli_sweep_tune_set_wins_over_the_variants_keys(tmp_path, capsys, monkeypatch):
+    import fedrisk.experiment.sweep as sweep
+    from fedrisk.cli import main
+
+    monkeypatch.setattr(sweep, "make_report", functools.partial(sweep.make_report, plots=False))  # (speed)
+    variants = {"long": {"run.rounds": 4, "algorithm.local_steps": 3, "tune.keys": ["algorithm.lr"]}}
+    raw = {**RAW, "run": {**RAW["run"], "rounds": 1, "eval_every": 1}, "sweep": {"variants": variants}}
+    path = tmp_path / "c.toml"
+    path.write_text(tomli_w.dumps(raw))
+    argv = ["sweep", str(path), "--tune", "1", "--seeds", "1", "--set", "run.rounds=2", "--out", str(tmp_path / "o")]
+    assert main([*argv, "--quiet"]) == 0
+    assert capsys.readouterr().err == "note: --set replaces variant long's run.rounds = 4\n"
+    trial = json.loads((tmp_path / "o" / "long" / "tune" / "best.json").read_text())["run_dir"]
+    for run in (tmp_path / "o" / "long" / "seed=0", tmp_path / "o" / "long" / "tune" / trial):
+        cfg = load_config(run / "config.toml")
+        assert (cfg["run.rounds"], cfg["algorithm.local_steps"]) == (2, 3)
+
+
 @pytest.mark.slow
 def test_parallel_workers_share_the_study(tmp_path):
     cfg = cfg_of(tune={"trials": 4})

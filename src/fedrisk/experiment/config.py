@@ -114,6 +114,7 @@ __all__ = [  # with what other modules import from here (defined in schema / sec
     "ExperimentConfig",
     "algorithm_fields",
     "apply_overrides",
+    "assignments",
     "diff_configs",
     "flatten",
     "load_config",
@@ -125,6 +126,7 @@ __all__ = [  # with what other modules import from here (defined in schema / sec
     "resolve_seeds",
     "semantic_view",
     "to_toml_value",
+    "without_keys",
 ]
 
 # ============================================================================= dotted keys
@@ -151,6 +153,34 @@ def parse_assignment(text: str, flag: str = "--set") -> tuple[str, Any]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise FedriskError(f"{flag} expects key=value with a dotted key (e.g. algorithm.lr=0.05); got {text!r}")
     return key, parse_literal(value.strip())
+
+
+def assignments(overrides: Sequence[str] | Mapping[str, Any]) -> dict[str, Any]:
+    """``--set`` overrides as ``{dotted key: value}`` (a key given twice: the last value).
+
+    Example:
+        >>> assignments(["run.rounds=8", "algorithm.aggregator={name = 'median'}", "run.rounds=9"])
+        {'run.rounds': 9, 'algorithm.aggregator': {'name': 'median'}}
+    """
+    return dict(overrides) if isinstance(overrides, Mapping) else dict(parse_assignment(o) for o in overrides)
+
+
+def without_keys(overrides: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """``overrides`` (dotted keys) less those that ``keys`` also assign: the same key, a key
+    inside a table that ``keys`` replaces, or a value around a key of ``keys``.  This is how
+    the command line's ``--set`` is applied after a sweep variant's (and the config's grid's)
+    keys.
+
+    Example:
+        >>> without_keys({"run.rounds": 64, "algorithm.lr": 0.1, "data.binarize.imratio": 0.1},
+        ...              ["run.rounds", "data.binarize"])
+        {'algorithm.lr': 0.1}
+    """
+
+    def overlaps(a: str, b: str) -> bool:
+        return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+    return {k: v for k, v in overrides.items() if not any(overlaps(k, key) for key in keys)}
 
 
 def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
