@@ -450,17 +450,19 @@ def write_page(text: str, page: Path = PAGE) -> None:
 
 def check_configs(rows: Sequence[Row]) -> list[str]:
     """Resolve every variant of every row's config and its tune spec (what ``fedrisk sweep
-    --tune`` checks before its first trial); returns one line per config."""
-    from fedrisk.experiment.config import flatten, load_config
+    --tune`` checks before its first trial; the row's ``--set`` applied after the variants' keys,
+    as the command does); returns one line per config."""
+    from fedrisk.cli import chosen_variants
+    from fedrisk.experiment.config import load_config
     from fedrisk.experiment.tune import tune_spec
 
     out = []
     for config in dict.fromkeys(r.config for r in rows if r.config):
         row = next(r for r in rows if r.config == config)
         cfg = load_config(ROOT / config).with_overrides(row.overrides)
-        variants = cfg["sweep.variants"]
+        variants = chosen_variants(cfg, None, row.overrides)
         for name, over in variants.items():
-            vcfg = cfg.with_overrides(flatten(over))
+            vcfg = cfg.with_overrides(over)
             tune_spec(vcfg, where=f"{config} variant {name!r}")
         out.append(f"{config}: {len(variants)} variant(s) resolve, tune spaces check")
     return out

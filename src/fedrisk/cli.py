@@ -37,13 +37,16 @@ import argparse
 import importlib
 import inspect
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from fedrisk import __version__
 from fedrisk.errors import FedriskError, check_range
 from fedrisk.experiment.outputs import outputs_line  # below both CLIs (also used by `fedrisk deploy run`)
+
+Sets = Sequence[str] | Mapping[str, Any]
+"""The command line's ``--set`` overrides (``["run.rounds=8"]``, or already parsed: ``{"run.rounds": 8}``)."""
 
 KINDS = (
     "algorithms",
@@ -96,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def pick_variant(cfg: Any, name: str | None, sets: Sequence[str] = ()) -> tuple[Any, str]:
+def pick_variant(cfg: Any, name: str | None, sets: Sets = ()) -> tuple[Any, str]:
     """The config of sweep variant ``name`` (its overrides applied, less the keys ``sets`` assign:
     ``cfg`` holds those already; the base without a name).  A config with variants run without
     ``--variant`` says which exist and that the base runs."""
@@ -112,7 +115,7 @@ def pick_variant(cfg: Any, name: str | None, sets: Sequence[str] = ()) -> tuple[
     return cfg.with_overrides(chosen_variants(cfg, [name], sets)[name]), name
 
 
-def chosen_variants(cfg: Any, names: Sequence[str] | None, sets: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+def chosen_variants(cfg: Any, names: Sequence[str] | None, sets: Sets = ()) -> dict[str, dict[str, Any]]:
     """The config's ``[sweep.variants]`` named in ``names`` (in the config's order; all of them
     without names), each less the keys that the command line's ``--set`` (``sets``) assigns:
     ``--set`` is applied after a variant's keys (a note names each key it replaces).  A name that
@@ -126,7 +129,7 @@ def chosen_variants(cfg: Any, names: Sequence[str] | None, sets: Sequence[str] =
     return {name: _after_set(over, sets, name) for name, over in chosen.items()}
 
 
-def _after_set(overrides: dict[str, Any], sets: Sequence[str], variant: str | None = None) -> dict[str, Any]:
+def _after_set(overrides: dict[str, Any], sets: Sets, variant: str | None = None) -> dict[str, Any]:
     """``overrides`` (variant ``variant``'s, or the config's grid without a name) with the keys
     that ``--set`` assigns left to ``--set`` (one note naming them).  A variant takes the command
     line's values instead (the base config holds them already: the same run, and its table in
