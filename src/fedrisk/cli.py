@@ -100,9 +100,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def pick_variant(cfg: Any, name: str | None, sets: Sets = ()) -> tuple[Any, str]:
-    """The config of sweep variant ``name`` (its overrides applied, less the keys ``sets`` assign:
-    ``cfg`` holds those already; the base without a name).  A config with variants run without
-    ``--variant`` says which exist and that the base runs."""
+    """The config of sweep variant ``name`` (its overrides applied, then the command line's
+    ``sets``: :func:`chosen_variants`; the base without a name).  A config with variants run
+    without ``--variant`` says which exist and that the base runs."""
     variants = cfg["sweep.variants"]
     if name is None:
         if variants:
@@ -117,9 +117,9 @@ def pick_variant(cfg: Any, name: str | None, sets: Sets = ()) -> tuple[Any, str]
 
 def chosen_variants(cfg: Any, names: Sequence[str] | None, sets: Sets = ()) -> dict[str, dict[str, Any]]:
     """The config's ``[sweep.variants]`` named in ``names`` (in the config's order; all of them
-    without names), each less the keys that the command line's ``--set`` (``sets``) assigns:
-    ``--set`` is applied after a variant's keys (a note names each key it replaces).  A name that
-    is not a variant is an error listing the variants."""
+    without names), each with the command line's ``--set`` (``sets``) applied after its keys
+    (:func:`~fedrisk.experiment.config.after_set`; a note names each value it replaces).  A name
+    that is not a variant is an error listing the variants."""
     variants = cfg["sweep.variants"]
     for name in names or ():
         if name not in variants:
@@ -130,29 +130,15 @@ def chosen_variants(cfg: Any, names: Sequence[str] | None, sets: Sets = ()) -> d
 
 
 def _after_set(overrides: dict[str, Any], sets: Sets, variant: str | None = None) -> dict[str, Any]:
-    """``overrides`` (variant ``variant``'s, or the config's grid without a name) with the keys
-    that ``--set`` assigns left to ``--set`` (one note naming them).  A variant takes the command
-    line's values instead (the base config holds them already: the same run, and its table in
-    ``sweep.toml`` shows what it ran with and is never left empty), and keeps the keys that the
-    command line sets for it alone (``--set sweep.variants.NAME.KEY=...``: the more specific key)."""
-    from fedrisk.experiment.config import assignments, without_keys
+    """:func:`~fedrisk.experiment.config.after_set`, with a note naming the values ``--set`` replaces."""
+    from fedrisk.experiment.config import after_set
     from fedrisk.experiment.schema import format_value
 
-    given = assignments(sets)
-    own = f"sweep.variants.{variant}"
-    if variant is not None and own in given:
-        return dict(overrides)
-    mine = [k.removeprefix(own + ".") for k in given if variant is not None and k.startswith(own + ".")]
-    left = without_keys(overrides, list(given))
-    replaced = [k for k in overrides if k not in left and k in without_keys(overrides, mine)]
-    if not replaced:
-        return dict(overrides)
-    whose = f"variant {variant}'s" if variant is not None else "the config's [sweep.grid]"
-    shown = ", ".join(f"{k} = {format_value(overrides[k])}" for k in replaced)
-    print(f"note: --set replaces {whose} {shown}", file=sys.stderr)
-    kept = {k: v for k, v in overrides.items() if k not in replaced}
-    if variant is not None:
-        kept.update({k: v for k, v in given.items() if k not in without_keys(given, replaced)})
+    kept, replaced = after_set(overrides, sets, variant)
+    if replaced:
+        whose = f"variant {variant}'s" if variant is not None else "the config's [sweep.grid]"
+        shown = ", ".join(f"{k} = {format_value(overrides[k])}" for k in replaced)
+        print(f"note: --set replaces {whose} {shown}", file=sys.stderr)
     return kept
 
 

@@ -112,6 +112,7 @@ __all__ = [  # with what other modules import from here (defined in schema / sec
     "SECTIONS",
     "ConfigError",
     "ExperimentConfig",
+    "after_set",
     "algorithm_fields",
     "apply_overrides",
     "assignments",
@@ -181,6 +182,41 @@ def without_keys(overrides: Mapping[str, Any], keys: Sequence[str]) -> dict[str,
         return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
     return {k: v for k, v in overrides.items() if not any(overlaps(k, key) for key in keys)}
+
+
+def after_set(
+    overrides: Mapping[str, Any], sets: Sequence[str] | Mapping[str, Any], variant: str | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """A sweep variant's overrides (named ``variant``), or the config's ``[sweep.grid]`` (no name),
+    with the command line's ``--set`` (``sets``) applied after them: the command line is the last
+    word.  Returns the overrides to use and the keys ``--set`` replaced.
+
+    The config the overrides are applied to holds ``sets`` already, so a replaced key is left to
+    it: dropped from the grid; restated with the command line's value in a variant (the same run,
+    and the variant's table in ``sweep.toml`` shows what ran and is never left empty).  A key the
+    command line sets for this variant alone (``--set sweep.variants.NAME.KEY=...``) is the more
+    specific one and stays.
+
+    Example:
+        >>> variant = {"run.rounds": 1024, "algorithm.window": 8}
+        >>> after_set(variant, ["run.rounds=32", "algorithm.lr=0.1"], "I8")
+        ({'algorithm.window': 8, 'run.rounds': 32}, ['run.rounds'])
+        >>> after_set(variant, ["run.rounds=32", "sweep.variants.I8.run.rounds=16"], "I8")
+        ({'run.rounds': 1024, 'algorithm.window': 8}, [])
+        >>> after_set({"algorithm.lr": [0.03, 0.1]}, ["algorithm.lr=0.05"])
+        ({}, ['algorithm.lr'])
+    """
+    given = assignments(sets)
+    own = f"sweep.variants.{variant}"
+    if variant is not None and own in given:
+        return dict(overrides), []
+    mine = [k.removeprefix(own + ".") for k in given if variant is not None and k.startswith(own + ".")]
+    left, specific = without_keys(overrides, list(given)), without_keys(overrides, mine)
+    replaced = [k for k in overrides if k not in left and k in specific]
+    kept = {k: v for k, v in overrides.items() if k not in replaced}
+    if variant is not None and replaced:
+        kept.update({k: v for k, v in given.items() if k not in without_keys(given, replaced)})
+    return kept, replaced
 
 
 def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
