@@ -203,7 +203,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from fedrisk.experiment.sweep import run_tuned_sweep
 
         result = run_tuned_sweep(
-            cfg, out, trials=args.tune, variants=variants, seeds=seeds, jobs=jobs, progress=_progress(args)
+            cfg,
+            out,
+            trials=args.tune,
+            variants=variants,
+            seeds=seeds,
+            jobs=jobs,
+            progress=_progress(args),
+            fixed=list(assignments(args.set)),
         )
         return _show_sweep(result)
     return _sweep(cfg, out, args, grid=grid, variants=variants, seeds=seeds, jobs=jobs)
@@ -265,10 +272,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from fedrisk.experiment.config import load_config
 
     cfg = load_config(args.config, args.set)  # config errors first: the tuner imports torch and optuna
+    from fedrisk.experiment.config import assignments
     from fedrisk.experiment.tune import run_tune, tune_spec
 
     spec = tune_spec(
         cfg,
+        fixed=list(assignments(args.set)),
         space=args.space,
         trials=args.trials,
         metric=args.metric,

@@ -502,6 +502,31 @@ def test_cli_sweep_tune_set_wins_over_the_variants_keys(tmp_path, capsys, monkey
         assert (cfg["run.rounds"], cfg["algorithm.local_steps"]) == (2, 3)
 
 
+def test_a_key_both_set_on_the_command_line_and_tuned_is_an_error(tmp_path, capsys):
+    from fedrisk.cli import main
+
+    variants = {"avg": {"tune.keys": ["algorithm.lr"]}, "lam": {"tune.keys": ["algorithm.local_steps"]}}
+    raw = {**RAW, "tune": {**RAW["tune"], "space": {"algorithm.lr": "log:0.01:1", "algorithm.local_steps": "int:1:4"}}}
+    path = tmp_path / "c.toml"
+    path.write_text(tomli_w.dumps({**raw, "sweep": {"variants": variants}}))
+    sweep = ["sweep", str(path), "--tune", "1", "--out", str(tmp_path / "o")]
+    assert main([*sweep, "--set", "algorithm.lr=0.1"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "error: sweep variant 'avg': algorithm.lr is both set by --set and tuned; set it in one place "
+        "(drop the --set, or take the key out of the search space: tune.keys / --space)\n"
+    )
+    assert main([*sweep, "--set", "algorithm={name = 'fedavg', lr = 0.1}"]) == 2  # a table around the key
+    assert "'avg': algorithm.lr is both set" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # checked before anything ran
+    single = tmp_path / "s.toml"
+    single.write_text(tomli_w.dumps(raw))
+    tune = ["tune", str(single), "--trials", "1", "--out", str(tmp_path / "t")]
+    assert main([*tune, "--set", "algorithm.local_steps=2"]) == 2
+    assert "error: algorithm.local_steps is both set by --set and tuned" in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()
+
+
 @pytest.mark.slow
 def test_parallel_workers_share_the_study(tmp_path):
     cfg = cfg_of(tune={"trials": 4})

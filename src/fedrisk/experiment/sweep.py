@@ -266,13 +266,15 @@ def run_tuned_sweep(
     jobs: int = 1,
     progress: str = "auto",
     stream: TextIO | None = None,
+    fixed: Sequence[str] = (),
 ) -> SweepResult:
     """Tune every variant separately (``trials`` trials each, its own ``tune.keys`` of the shared
     ``[tune.space]``, studies in ``DIR/<variant>/tune/``), then run each variant's selected
     config over ``seeds`` (``DIR/<variant>/seed=<s>/``) and report.  Re-running continues: finished
     studies and runs are kept, interrupted ones resumed.
 
-    Every variant is checked (its space and the metric) before the first trial starts.
+    Every variant is checked (its space and the metric) before the first trial starts; ``fixed``:
+    the keys the command line sets, which no variant may tune (``tune_spec``).
     """
     from fedrisk.experiment.tune import has_study, run_tune, select_overrides, tune_spec
 
@@ -287,7 +289,7 @@ def run_tuned_sweep(
             vcfg = cfg.with_overrides(over)
         except FedriskError as exc:
             raise FedriskError(f"{where}: {exc}") from None
-        specs[name] = (vcfg, tune_spec(vcfg, trials=trials, where=where))
+        specs[name] = (vcfg, tune_spec(vcfg, trials=trials, where=where, fixed=fixed))
     dims = {name: len(spec.space) for name, (_, spec) in specs.items()}
     if len(set(dims.values())) > 1:
         echo(f"note: the variants tune different numbers of keys ({dims}); trials per variant are equal ({trials})")

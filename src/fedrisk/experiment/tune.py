@@ -146,13 +146,24 @@ def tune_spec(
     sampler: str | None = None,
     jobs: int | None = None,
     where: str = "",
+    fixed: Sequence[str] = (),
 ) -> TuneSpec:
-    """The study of ``cfg``: ``[tune]`` values, replaced by the given ones; checked."""
+    """The study of ``cfg``: ``[tune]`` values, replaced by the given ones; checked.  ``fixed``:
+    the keys the command line sets (``--set``), which must not also be tuned (the command line is
+    the last word, so a tuned value would silently replace it or be replaced by it)."""
+    from fedrisk.experiment.config import without_keys
+
     dims = parse_space(space) if space else config_space(cfg)
     if not dims:
         raise FedriskError(
             f"{where or 'the config'} has no tunable key: no --space given and tune.space is empty; allowed: "
             "--space 'algorithm.lr=log:1e-3:1' or a [tune.space] table"
+        )
+    clash = [k for k in dims if k not in without_keys(dict.fromkeys(dims), list(fixed))]
+    if clash:
+        raise FedriskError(
+            f"{where + ': ' if where else ''}{', '.join(clash)} is both set by --set and tuned; set it in one place "
+            "(drop the --set, or take the key out of the search space: tune.keys / --space)"
         )
     check_space(cfg, dims, where=f"{where}: search space" if where else "search space")
     spec = TuneSpec(
