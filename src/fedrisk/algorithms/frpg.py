@@ -66,6 +66,7 @@ from torch import Tensor
 
 from fedrisk.aggregators.base import Aggregator, Mean, Replies
 from fedrisk.aggregators.preaggregation import PRE_AGGREGATIONS, pre_aggregate
+from fedrisk.aggregators.rows import clip_rows
 from fedrisk.algorithms.base import Algorithm, ClientResult, FedInfo, LocalData, RoundContext, RoundPlan
 from fedrisk.algorithms.local import (
     batch,
@@ -76,7 +77,7 @@ from fedrisk.algorithms.local import (
 )
 from fedrisk.autodiff import value_and_grad
 from fedrisk.errors import FedriskError, check_range, unknown_name
-from fedrisk.objectives.penalties import check_positive, huber_l2_grad, huber_l2_prox, l1_subgrad, project_l2_ball
+from fedrisk.objectives.penalties import check_positive, huber_l2_grad, huber_l2_prox, l1_subgrad
 from fedrisk.objectives.supervised import LossFn
 from fedrisk.rng import ClientRNG
 from fedrisk.tree import Tree, tree_flatten_vector, tree_map, tree_unflatten_vector, tree_zeros_like
@@ -373,7 +374,7 @@ class FRPG(_ServerModel):
         n = x.shape[0]
         x = pre_aggregate(x, self.pre, self.pre_f, self.bucket_size, gen)
         if self.project:
-            x = torch.stack([project_l2_ball(g, lam) for g in x])  # ||g|| <= lambda sqrt(G), G = 1
+            x = clip_rows(x, lam)  # each message onto the lambda-ball: ||g|| <= lambda sqrt(G), G = 1
         total = x.sum(dim=0)
         return total if x.shape[0] == n else total * (n / x.shape[0])
 
