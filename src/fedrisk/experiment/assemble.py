@@ -35,7 +35,8 @@ from fedrisk.algorithms.base import Algorithm
 from fedrisk.errors import FedriskError
 from fedrisk.experiment.config import ExperimentConfig
 from fedrisk.experiment.schema import AUTO, NONE, RUN_SEED, algorithm_fields
-from fedrisk.experiment.sections import ONE_OUTPUT_LOSSES, model_options
+from fedrisk.experiment.section_rules import model_options
+from fedrisk.experiment.sections import ONE_OUTPUT_LOSSES
 from fedrisk.runtime.device import resolve_device
 from fedrisk.runtime.executor import Executor
 from fedrisk.runtime.norm_stats import with_norm_stats
