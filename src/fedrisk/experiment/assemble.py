@@ -333,7 +333,8 @@ def build_server_opt(lr: float, momentum: float, nesterov: bool, optimizer: str 
 
 
 def build_attack(spec: Mapping[str, Any]) -> tuple[Any, list[int]]:
-    from fedrisk.experiment.sections import Attack, attack_registry
+    from fedrisk.experiment.schema import attack_registry
+    from fedrisk.experiment.sections import Attack
 
     reg = attack_registry()
     options = {k: v for k, v in spec.items() if k not in Attack.model_fields}
