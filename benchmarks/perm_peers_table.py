@@ -21,6 +21,7 @@ from pathlib import Path
 import tomllib
 
 from fedrisk.experiment.personal_outputs import read_clients
+from fedrisk.experiment.report import markdown_rows
 
 KEYS = ("personal_accuracy_mean", "personal_accuracy_bottom10", "personal_accuracy_worst", "personal_log_loss_mean")
 
@@ -61,21 +62,33 @@ def main() -> None:
     args = parser.parse_args()
     runs = collect(args.sweep)
     order = sorted(runs, key=lambda m: -statistics.mean(r["metrics"]["personal_accuracy_mean"] for r in runs[m]))
-    print(
-        "| method | step | seeds | selected round | personal accuracy (mean) | bottom-10 % | worst client "
-        "| personal log-loss | MB / run | wall s / run |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    head = [
+        "method",
+        "step",
+        "seeds",
+        "selected round",
+        "personal accuracy (mean)",
+        "bottom-10 %",
+        "worst client",
+        "personal log-loss",
+        "MB / run",
+        "wall s / run",
+    ]
+    rows = []
     for m in order:
         rs = sorted(runs[m], key=lambda r: r["seed"])
-        vals = [cell([r["metrics"][k] for r in rs]) for k in KEYS]
-        lrs = sorted({r["lr"] for r in rs})
-        print(
-            f"| {m} | {'/'.join(f'{x:g}' for x in lrs)} | {','.join(str(r['seed']) for r in rs)} | "
-            f"{'/'.join(str(r['round']) for r in rs)} | {' | '.join(vals)} "
-            f"| {statistics.mean(r['mb'] for r in rs):.1f} "
-            f"| {statistics.mean(r['wall'] for r in rs):.0f} |"
+        rows.append(
+            [
+                m,
+                "/".join(f"{x:g}" for x in sorted({r["lr"] for r in rs})),
+                ",".join(str(r["seed"]) for r in rs),
+                "/".join(str(r["round"]) for r in rs),
+                *(cell([r["metrics"][k] for r in rs]) for k in KEYS),
+                f"{statistics.mean(r['mb'] for r in rs):.1f}",
+                f"{statistics.mean(r['wall'] for r in rs):.0f}",
+            ]
         )
+    print(markdown_rows(head, rows))
     if args.plot:
         import matplotlib
 

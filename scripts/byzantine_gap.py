@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from fedrisk.experiment.config import resolve_config
+from fedrisk.experiment.report import markdown_rows
 from fedrisk.experiment.runner import build_simulation
 from fedrisk.objectives.penalties import huber_l2
 from fedrisk.tree import tree_flatten_vector, tree_map
@@ -162,8 +163,6 @@ def main() -> None:
                 if r % args.every == 0 or r == rounds:
                     with torch.no_grad():
                         curves[label].setdefault(r, []).append(float(F(state_matrix(sim, reliable))) - fstar)
-    print(f"\n| rounds | {' | '.join(curves)} |")
-    print("|---:|" + "---:|" * len(curves))
     marks = set()
     for c in curves.values():  # short curves: every evaluation; long ones: every 5th and the first
         marks |= set(c) if len(c) <= 12 else {r for r in c if r % (5 * args.every) == 0 or r == args.every}
@@ -175,8 +174,8 @@ def main() -> None:
         mean = sum(values) / len(values)
         return f"{mean:.3g} ({min(values):.3g}–{max(values):.3g})" if len(values) > 1 else f"{mean:.3g}"
 
-    for m in marks:
-        print(f"| {m} | " + " | ".join(cell(c.get(m)) for c in curves.values()) + " |")
+    rows = [[str(m), *(cell(c.get(m)) for c in curves.values())] for m in marks]
+    print("\n" + markdown_rows(["rounds", *curves], rows, text_columns=0))
 
     import matplotlib
 

@@ -10,7 +10,7 @@ import fedrisk
 
 # top to bottom, as drawn in docs/architecture.md ("fedrisk" is the package's own __init__)
 LAYERS: list[set[str]] = [
-    {"cli", "deploy", "__main__"},
+    {"cli", "cli_list", "deploy", "__main__"},
     {"experiment"},
     {"api", "fedrisk"},
     {"runtime"},

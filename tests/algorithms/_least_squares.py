@@ -24,6 +24,13 @@ class Linear:
         return x @ params["w"]
 
 
+class ZeroLinear(Linear):
+    """``f(x) = x @ w`` starting at ``w = 0`` (every method starts at the same point)."""
+
+    def init_params(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
+        return {"w": torch.zeros(D)}
+
+
 def least_squares(sizes: tuple[int, ...], seed: int, shift: float = 0.5, scale: float = 2.0) -> Federation:
     """Client k: rows shifted by ``shift * k``, targets from its own ground truth ``scale * N(0, I)``."""
     g = torch.Generator().manual_seed(seed)

@@ -111,14 +111,15 @@ def ls_steps(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, idx: torch.Tenso
     return w, total / idx.shape[0]
 
 
-def shuffle_round(v, sigma, j, r, fed, sizes, alpha, lr, K, B):
+def shuffle_round(v, sigma, j, r, fed, sizes, alpha, lr, K, B, sampling="with_replacement"):
     """One round of Alg. 1's shuffle by hand: model i visits host ``sigma[(i + j + 1) % N]`` and takes
-    K steps on its batches, scaled by α_{i,k}; returns the new models and each model's mean loss."""
+    K steps on its batches (drawn by ``sampling``), scaled by α_{i,k}; returns the new models and
+    each model's mean loss."""
     n = len(sigma)
     new, losses = v.clone(), []
     for i in range(n):
         k = sigma[(i + j + 1) % n]
-        idx = sample_batches(client_generator(SEED, round=r, client=k), sizes[k], K, B)
+        idx = sample_batches(client_generator(SEED, round=r, client=k), sizes[k], K, B, sampling)
         new[i], loss = ls_steps(v[i], fed.clients[k].x, fed.clients[k].y, idx, lr * float(alpha[i, k]))
         losses.append(loss)
     return new, losses
@@ -151,14 +152,9 @@ def test_perm_shuffling_with_fixed_weights_over_two_epochs_matches_alg_1(weights
         sigma = sim.server_state["sigma"].tolist()
         phi = torch.zeros(n_clients, dtype=F64)
         for j in range(n_clients):
-            new, host_losses = v.clone(), []
-            for i in range(n_clients):
-                k = sigma[(i + j + 1) % n_clients]
-                idx = sample_batches(client_generator(SEED, round=r, client=k), sizes[k], K, B, "shuffle")
-                new[i], loss = ls_steps(v[i], fed.clients[k].x, fed.clients[k].y, idx, lr * float(alpha[i, k]))
-                phi[i] += alpha[i, k] * loss
-                host_losses.append(loss)
-            v = new
+            v, host_losses = shuffle_round(v, sigma, j, r, fed, sizes, alpha, lr, K, B, "shuffle")
+            for i, loss in enumerate(host_losses):
+                phi[i] += alpha[i, sigma[(i + j + 1) % n_clients]] * loss
             report = sim.step()
             r += 1
             assert report.kind == "shuffle" and report.clients == list(range(n_clients))

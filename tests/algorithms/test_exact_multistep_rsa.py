@@ -14,26 +14,34 @@ import pytest
 import torch
 
 from fedrisk.algorithms import RSA
-from fedrisk.algorithms.base import RoundContext
-from fedrisk.data.federation import Federation, Samples
+from fedrisk.algorithms.base import Algorithm, RoundContext
+from fedrisk.data.federation import Federation
 from fedrisk.objectives.supervised import mean_squared_error
 from fedrisk.rng import client_generator
 from fedrisk.runtime.simulation import Simulation, fed_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _least_squares as _ls
 from _least_squares import F64, D, Linear
 
 SEED = 0
 
 
+def federation(sizes: tuple[int, ...], seed: int) -> Federation:
+    """Least squares, client k's rows shifted by 0.3 k, targets from its own ``N(0, I)`` truth."""
+    return _ls.least_squares(sizes, seed, shift=0.3, scale=1.0)
+
+
+def batch_rows(alg: Algorithm, fed: Federation, r: int, k: int) -> torch.Tensor:
+    """The rows of client ``k``'s single minibatch in round ``r`` (the algorithm's own draw)."""
+    ctx = RoundContext(r, fed_info(fed))
+    return alg.draw(ctx, k, fed.client_sizes[k], client_generator(SEED, round=r, client=k))["batches"][0]
+
+
 def test_rsa_over_four_rounds_matches_the_hand_loop() -> None:
-    g = torch.Generator().manual_seed(2)
-    clients = []
-    for k, n in enumerate((8, 10, 12)):  # an odd count: the sign sum never cancels
-        a = torch.randn(n, D, generator=g, dtype=F64) + 0.3 * k
-        clients.append(Samples(a, a @ torch.randn(D, generator=g, dtype=F64)))
-    fed = Federation("least-squares", clients, num_classes=1)
+    fed = federation((8, 10, 12), seed=2)  # an odd count: the sign sum never cancels
+    clients = fed.clients
     lr, lam, delta, delta0 = 0.3, 0.05, 0.02, 0.1
     alg = RSA(model=Linear(), loss=mean_squared_error, lam=lam, lr=lr, delta=delta, delta_server=delta0, batch_size=4)
     sim = Simulation(alg, fed, seed=SEED, dtype=F64)
@@ -43,8 +51,7 @@ def test_rsa_over_four_rounds_matches_the_hand_loop() -> None:
         sim.step()
         eta = lr / math.sqrt(r + 1)
         for k, s in enumerate(clients):
-            ctx = RoundContext(r, fed_info(fed))
-            idx = alg.draw(ctx, k, len(s), client_generator(SEED, round=r, client=k))["batches"][0]
+            idx = batch_rows(alg, fed, r, k)
             x, y = s.x[idx], s.y[idx]
             grad = x.T @ (x @ ws[k] - y) / len(idx)
             ws[k] = ws[k] - eta * (grad + delta * ws[k] + lam * torch.sign(ws[k] - w0))
@@ -60,12 +67,8 @@ def test_rsa_under_the_gaussian_attack_redrawn_each_round_matches_the_hand_loop(
     from fedrisk.attacks.standard import GaussianAttack
     from fedrisk.rng import server_generator
 
-    g = torch.Generator().manual_seed(3)
-    clients = []
-    for k, n in enumerate((8, 10, 12)):
-        a = torch.randn(n, D, generator=g, dtype=F64) + 0.3 * k
-        clients.append(Samples(a, a @ torch.randn(D, generator=g, dtype=F64)))
-    fed = Federation("least-squares", clients, num_classes=1)
+    fed = federation((8, 10, 12), seed=3)
+    clients = fed.clients
     lr, lam, scale = 0.3, 0.05, 0.2  # a small scale: the noise's signs vary against w0
     alg = RSA(model=Linear(), loss=mean_squared_error, lam=lam, lr=lr, delta=0.0, delta_server=0.0, batch_size=4)
     sim = Simulation(alg, fed, seed=SEED, dtype=F64, attack=GaussianAttack(scale), byzantine=[2])
@@ -76,8 +79,7 @@ def test_rsa_under_the_gaussian_attack_redrawn_each_round_matches_the_hand_loop(
         sim.step()
         eta = lr / math.sqrt(r + 1)
         for k, s in enumerate(clients):
-            ctx = RoundContext(r, fed_info(fed))
-            idx = alg.draw(ctx, k, len(s), client_generator(SEED, round=r, client=k))["batches"][0]
+            idx = batch_rows(alg, fed, r, k)
             x, y = s.x[idx], s.y[idx]
             ws[k] = ws[k] - eta * (x.T @ (x @ ws[k] - y) / len(idx) + lam * torch.sign(ws[k] - w0))
         forged = scale * torch.randn(D, generator=server_generator(SEED, r, "attack"), dtype=F64)
@@ -88,21 +90,15 @@ def test_rsa_under_the_gaussian_attack_redrawn_each_round_matches_the_hand_loop(
 
 
 def test_rsa_reports_the_mean_minibatch_loss() -> None:
-    g = torch.Generator().manual_seed(4)
-    clients = []
-    for k, n in enumerate((6, 9)):
-        a = torch.randn(n, D, generator=g, dtype=F64) + 0.3 * k
-        clients.append(Samples(a, a @ torch.randn(D, generator=g, dtype=F64)))
-    fed = Federation("least-squares", clients, num_classes=1)
+    fed = federation((6, 9), seed=4)
+    clients = fed.clients
     alg = RSA(model=Linear(), loss=mean_squared_error, lam=0.05, lr=0.3, batch_size=4, zero_init=False)
     sim = Simulation(alg, fed, seed=SEED, dtype=F64)
     w = sim.server_state["w"]["w"].clone()  # every worker starts at the server's model
     report = sim.step()
     losses = []
     for k, s in enumerate(clients):
-        idx = alg.draw(RoundContext(0, fed_info(fed)), k, len(s), client_generator(SEED, round=0, client=k))["batches"][
-            0
-        ]
+        idx = batch_rows(alg, fed, 0, k)
         losses.append(float(0.5 * ((s.x[idx] @ w - s.y[idx]) ** 2).mean()))  # f_n(w_n; ξ), no ridge
     assert report.train_metrics["loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-12)
 
@@ -113,12 +109,8 @@ def test_robust_sgd_with_the_mean_over_four_rounds_matches_the_hand_loop() -> No
     reported (pinned by mutation testing, frpg scope: the ridge's sign was untested)."""
     from fedrisk.algorithms import RobustSGD
 
-    g = torch.Generator().manual_seed(5)
-    clients = []
-    for k, n in enumerate((8, 10, 12)):
-        a = torch.randn(n, D, generator=g, dtype=F64) + 0.3 * k
-        clients.append(Samples(a, a @ torch.randn(D, generator=g, dtype=F64)))
-    fed = Federation("least-squares", clients, num_classes=1)
+    fed = federation((8, 10, 12), seed=5)
+    clients = fed.clients
     lr, delta = 0.2, 0.3
     alg = RobustSGD(model=Linear(), loss=mean_squared_error, lr=lr, delta=delta, batch_size=4, zero_init=False)
     sim = Simulation(alg, fed, seed=SEED, dtype=F64)
@@ -127,8 +119,7 @@ def test_robust_sgd_with_the_mean_over_four_rounds_matches_the_hand_loop() -> No
         report = sim.step()
         grads, losses = [], []
         for k, s in enumerate(clients):
-            ctx = RoundContext(r, fed_info(fed))
-            idx = alg.draw(ctx, k, len(s), client_generator(SEED, round=r, client=k))["batches"][0]
+            idx = batch_rows(alg, fed, r, k)
             x, y = s.x[idx], s.y[idx]
             grads.append(x.T @ (x @ w0 - y) / len(idx) + delta * w0)
             losses.append(float(0.5 * ((x @ w0 - y) ** 2).mean()))

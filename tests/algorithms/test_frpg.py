@@ -165,15 +165,15 @@ def test_server_projects_every_received_g_onto_the_lambda_ball(monkeypatch: pyte
         return original(v0, u0, g_sum, *rest)
 
     received = []
-    real_project = mod.project_l2_ball
+    real_clip = mod.clip_rows
 
-    def project(g, radius):
-        out = real_project(g, radius)
-        received.append(float(torch.linalg.vector_norm(g)))
-        norms.append(float(torch.linalg.vector_norm(out)))
+    def project(x, radius):
+        out = real_clip(x, radius)
+        received.extend(torch.linalg.vector_norm(x, dim=1).tolist())
+        norms.extend(torch.linalg.vector_norm(out, dim=1).tolist())
         return out
 
-    monkeypatch.setattr(mod, "project_l2_ball", project)
+    monkeypatch.setattr(mod, "clip_rows", project)
     monkeypatch.setattr(mod, "frpg_server_post", spy)
     for _ in range(3):
         sim.step()

@@ -4,6 +4,9 @@ outputs clients.csv / alpha.csv."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,7 +14,7 @@ from fedrisk import run_federation
 from fedrisk.algorithms import PERM, FedAvg, PERMShuffling, PERMTwoStage
 from fedrisk.algorithms.perm_weights import lambda_guide, mixing_weights, partner_thresholds, squared_distances
 from fedrisk.api import run_simulation
-from fedrisk.data.federation import Federation, Samples
+from fedrisk.data.federation import Federation
 from fedrisk.data.sources.synthetic import perm_two_cluster_federation
 from fedrisk.errors import FedriskError
 from fedrisk.experiment.personal_outputs import (
@@ -28,25 +31,16 @@ from fedrisk.objectives.supervised import cross_entropy, mean_squared_error
 from fedrisk.rng import server_generator
 from fedrisk.runtime.simulation import Simulation
 
-F64 = torch.float64
-D = 3
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-class Linear:
-    def init_params(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
-        return {"w": torch.zeros(D)}
-
-    def apply(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        return x @ params["w"]
+import _least_squares as _ls
+from _least_squares import F64
+from _least_squares import ZeroLinear as Linear
 
 
 def least_squares(N: int, n: int = 10, seed: int = 0) -> Federation:
-    g = torch.Generator().manual_seed(seed)
-    clients = []
-    for k in range(N):
-        a = torch.randn(n, D, generator=g, dtype=F64) + 0.5 * k
-        clients.append(Samples(a, a @ (2.0 * torch.randn(D, generator=g, dtype=F64))))
-    return Federation("least-squares", clients, num_classes=1)
+    """N clients of n rows, client k's shifted by 0.5 k (``_least_squares.least_squares``)."""
+    return _ls.least_squares((n,) * N, seed)
 
 
 def logreg() -> FunctionalModel:

@@ -105,6 +105,15 @@ def test_scaling_options() -> None:
     assert float(tr.x.min()) == 0.0 and float(tr.x.max()) == 1.0
 
 
+def test_the_test_split_is_scaled_with_train_statistics() -> None:
+    raw_tr, raw_te, _ = load_dataset("wine", seed=2, scale="none")
+    tr, te, _ = load_dataset("wine", seed=2, scale="standardize")
+    assert torch.equal(te.y, raw_te.y) and torch.equal(tr.y, raw_tr.y)
+    a, b = raw_tr.x.double(), raw_te.x.double()
+    want = (b - a.mean(0)) / a.std(0, unbiased=False)
+    torch.testing.assert_close(te.x.double(), want, rtol=1e-5, atol=1e-5)
+
+
 def test_breast_cancer_positive_is_malignant() -> None:
     tr, te, meta = load_dataset("breast_cancer")
     assert meta.class_names == ["benign", "malignant"]

@@ -152,6 +152,7 @@ def test_shipped_configs_are_valid(path):
     [
         "schema",
         "sections",
+        "section_rules",
         "config",
         "outputs",
         "progress",

@@ -12,7 +12,7 @@ import pytest
 
 from fedrisk import catalog as catalog_module
 from fedrisk.catalog import catalog
-from fedrisk.cli import _entries
+from fedrisk.cli_list import _entries
 
 KINDS = ("algorithms", "datasets", "partitioners", "models", "aggregators", "objectives", "executors", "metrics")
 

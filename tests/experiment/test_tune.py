@@ -273,17 +273,22 @@ def interrupted(cfg, spec, out):
     trial.set_user_attr("index", 2)
 
 
-def test_resumed_tune_has_the_same_trials(tmp_path):
+def whole_and_interrupted(tmp_path):
+    """A 5-trial tune: its config, spec and trials run whole (``tmp_path/whole``), and the folder
+    ``tmp_path/part`` holding the same study :func:`interrupted` in its third trial."""
     cfg = cfg_of(tune={"trials": 5})
     spec = tune_spec(cfg)
     run_tune(cfg, tmp_path / "whole", spec, plots=False)
+    interrupted(cfg, spec, tmp_path / "part")
+    return cfg, spec, outcome(tmp_path / "whole"), tmp_path / "part"
 
-    part = tmp_path / "part"
-    interrupted(cfg, spec, part)
+
+def test_resumed_tune_has_the_same_trials(tmp_path):
+    cfg, spec, whole, part = whole_and_interrupted(tmp_path)
     with pytest.raises(FedriskError, match="already holds a tune"):
         run_tune(cfg, part, spec, plots=False)
     run_tune(cfg, part, spec, resume=True, plots=False)
-    assert outcome(part) == outcome(tmp_path / "whole")
+    assert outcome(part) == whole
     assert len(outcome(part)) == 5
 
 
@@ -295,11 +300,7 @@ def test_a_record_cut_short_by_a_kill_is_dropped_on_resume(tmp_path, where):
     # a process killed inside its write leaves part of a record; Optuna skips it at the end of
     # the file, but the next record (another worker's, or this study's after resuming) lands on
     # the same line and Optuna cannot read that line
-    cfg = cfg_of(tune={"trials": 5})
-    spec = tune_spec(cfg)
-    run_tune(cfg, tmp_path / "whole", spec, plots=False)
-    part = tmp_path / "part"
-    interrupted(cfg, spec, part)
+    cfg, spec, whole, part = whole_and_interrupted(tmp_path)
     journal = part / "study.journal"
     lines = journal.read_bytes().split(b"\n")
     if where == "end":
@@ -313,7 +314,7 @@ def test_a_record_cut_short_by_a_kill_is_dropped_on_resume(tmp_path, where):
     echoed = []
     run_tune(cfg, part, spec, resume=True, plots=False, echo=echoed.append)
     assert "study.journal: dropped 1 record(s) cut short by a killed process" in echoed
-    assert outcome(part) == outcome(tmp_path / "whole")
+    assert outcome(part) == whole
 
 
 def test_a_journal_line_that_is_no_record_is_a_one_line_error(tmp_path):
@@ -330,11 +331,7 @@ def test_an_older_sqlite_study_is_copied_and_resumes(tmp_path):
     # copies it, every trial as it was, and continues it; without --resume it is not overwritten
     import optuna
 
-    cfg = cfg_of(tune={"trials": 5})
-    spec = tune_spec(cfg)
-    run_tune(cfg, tmp_path / "whole", spec, plots=False)
-    part = tmp_path / "part"
-    interrupted(cfg, spec, part)
+    cfg, spec, whole, part = whole_and_interrupted(tmp_path)
     kept = [(t.number, t.state, t.params, t.datetime_start, t.user_attrs) for t in stored(part).get_trials()]
     old = optuna.storages.RDBStorage(f"sqlite:///{part / 'study.db'}")
     optuna.copy_study(from_study_name="fedrisk", from_storage=stored(part)._storage, to_storage=old)
@@ -346,7 +343,7 @@ def test_an_older_sqlite_study_is_copied_and_resumes(tmp_path):
     lines = []
     run_tune(cfg, part, spec, resume=True, plots=False, echo=lines.append)
     assert "study.db (an older fedrisk's SQLite study) copied to study.journal; study.db is left in place" in lines
-    assert outcome(part) == outcome(tmp_path / "whole")
+    assert outcome(part) == whole
     assert (part / "study.db").read_bytes() == before
     after = stored(part).get_trials()  # the old trials themselves, not a new study that happens to agree
     assert [(t.number, t.state, t.params, t.datetime_start, t.user_attrs) for t in after[:2]] == kept[:2]

@@ -13,7 +13,7 @@ import pytest
 from fedrisk.errors import FedriskError
 from fedrisk.experiment.config import resolve_config
 from fedrisk.experiment.outputs import read_jsonl
-from fedrisk.experiment.sections import check_select_by
+from fedrisk.experiment.section_rules import check_select_by
 from fedrisk.experiment.tune import run_tune, tune_spec
 
 GAME = {

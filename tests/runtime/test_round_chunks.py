@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fedrisk.aggregators.base import InMemoryReplies
-from fedrisk.runtime.vectorized import StackedReplies, _assemble_replies, _Chunk, _RoundChunks
+from fedrisk.runtime.stacked import StackedReplies, _assemble_replies, _Chunk, _RoundChunks
 
 
 def _stacked(clients: list[int], g: torch.Generator, width: int = 3) -> dict:

@@ -49,9 +49,8 @@ from torch import Tensor
 
 from fedrisk.aggregators.base import Aggregator, Replies
 from fedrisk.aggregators.preaggregation import PRE_AGGREGATIONS, pre_aggregate
-from fedrisk.aggregators.rows import centred_gram, check_rows, medoid_gram, pairwise_sq_distances
+from fedrisk.aggregators.rows import centred_gram, check_rows, clip_rows, medoid_gram, pairwise_sq_distances
 from fedrisk.errors import FedriskError, check_int
-from fedrisk.objectives.minimax import project_ball
 from fedrisk.tree import Tree, tree_flatten_vector, tree_unflatten_vector
 
 __all__ = [
@@ -255,7 +254,7 @@ def centered_clipping(x: Tensor, tau: float = 1.0, iters: int = 3, center: Tenso
     _check_clipping(tau, iters)
     v = coordinate_median(x) if center is None else center.to(x.dtype)
     for _ in range(iters):
-        v = v + project_ball(x - v, tau).mean(dim=0)  # clip_tau(x_i - v): each difference onto the tau-ball
+        v = v + clip_rows(x - v, tau).mean(dim=0)  # clip_tau(x_i - v): each difference onto the tau-ball
     return v
 
 

@@ -112,7 +112,16 @@ def check_f(rule: str, f: Any, n: int, ok: bool, need: str) -> None:
 
 
 def clip_rows(x: Tensor, radius: Tensor | float) -> Tensor:
-    """Each row scaled to norm at most ``radius`` (a scalar or one radius per row)."""
+    """Each row scaled to norm at most ``radius`` (a scalar or one radius per row):
+    ``x_i min(1, radius / ||x_i||)``, the projection of each row onto the l2 ball.
+
+    The one row clipping of the package: FRPG's server projection of the messages (spec A5),
+    centred and static clipping, ARC.
+
+    Example:
+        >>> clip_rows(torch.tensor([[3.0, 4.0], [0.3, 0.4]]), 1.0).tolist()
+        [[0.6000000238418579, 0.800000011920929], [0.30000001192092896, 0.4000000059604645]]
+    """
     norms = torch.linalg.vector_norm(x, dim=1, keepdim=True)
     r = torch.as_tensor(radius, dtype=x.dtype).reshape(-1, 1) if isinstance(radius, Tensor) else radius
     return x * torch.where(norms > r, r / norms.clamp_min(torch.finfo(x.dtype).tiny), torch.ones_like(norms))

@@ -22,7 +22,8 @@ from fedrisk.algorithms.fedfomo import FedFomo
 from fedrisk.algorithms.fedxl import FeDXL1, FeDXL2
 from fedrisk.algorithms.fedxl_ndcg import CentralizedNDCG, FeDXL2NDCG, LocalNDCG
 from fedrisk.algorithms.fessgda import FESSGDA, FESSGDARegularized
-from fedrisk.algorithms.frpg import FRPG, LFRPG, RSA, RobustSGD
+from fedrisk.algorithms.frpg import FRPG, LFRPG
+from fedrisk.algorithms.frpg_baselines import RSA, RobustSGD
 from fedrisk.algorithms.ifca import IFCA
 from fedrisk.algorithms.local_only import Centralized, LocalOnly, centralized
 from fedrisk.algorithms.local_pair import CentralizedPair, LocalPair

@@ -67,13 +67,13 @@ class Defence:
 
 def _frpg(lam: float, project: bool, name: str, pre: str = "none", pre_f: int = 0, bucket_size: int = 2) -> Defence:
     from fedrisk.aggregators.preaggregation import pre_aggregate
-    from fedrisk.objectives.penalties import project_l2_ball
+    from fedrisk.aggregators.rows import clip_rows
 
     def aggregate(x: Tensor, gen: torch.Generator | None) -> Tensor:
         # the server sums the (pre-aggregated, rescaled) projected messages (6c); as a mean (the
         # sum / n) it compares with the honest mean the line search measures from
         x = pre_aggregate(x, pre, pre_f, bucket_size, gen)
-        return torch.stack([project_l2_ball(r, lam) for r in x]).mean(dim=0) if project else x.mean(dim=0)
+        return clip_rows(x, lam).mean(dim=0) if project else x.mean(dim=0)
 
     radius = (lambda h, b: float(lam)) if project else None
     extra = "" if pre == "none" else f", pre={pre}"

@@ -237,6 +237,21 @@ def _scale_columns(
     return train.astype(np.float32), test.astype(np.float32)
 
 
+def _scale_samples(
+    train: Samples, test: Samples, how: str, columns: np.ndarray | None = None
+) -> tuple[Samples, Samples]:
+    """``train`` and ``test`` with ``columns`` (default all) of their 2-D ``x`` scaled by
+    :func:`_scale_columns` with train statistics (float32); labels and attributes kept.
+
+    Example:
+        >>> tr, te = _scale_samples(_samples([[0.0], [2.0]], [0, 1]), _samples([[4.0]], [1]), "unit")
+        >>> tr.x.flatten().tolist(), te.x.flatten().tolist(), te.y.tolist()
+        ([0.0, 1.0], [2.0], [1])
+    """
+    xtr, xte = _scale_columns(train.x.numpy(), test.x.numpy(), how, columns)
+    return Samples(torch.from_numpy(xtr), train.y, train.attrs), Samples(torch.from_numpy(xte), test.y, test.attrs)
+
+
 def _package_dir(package: str, install: str) -> Path:
     """The directory of an installed package, found without importing it."""
     spec = importlib.util.find_spec(package)

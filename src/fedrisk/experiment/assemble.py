@@ -35,7 +35,8 @@ from fedrisk.algorithms.base import Algorithm
 from fedrisk.errors import FedriskError
 from fedrisk.experiment.config import ExperimentConfig
 from fedrisk.experiment.schema import AUTO, NONE, RUN_SEED, algorithm_fields
-from fedrisk.experiment.sections import ONE_OUTPUT_LOSSES, model_options
+from fedrisk.experiment.section_rules import model_options
+from fedrisk.experiment.sections import ONE_OUTPUT_LOSSES
 from fedrisk.runtime.device import resolve_device
 from fedrisk.runtime.executor import Executor
 from fedrisk.runtime.norm_stats import with_norm_stats
@@ -332,7 +333,8 @@ def build_server_opt(lr: float, momentum: float, nesterov: bool, optimizer: str 
 
 
 def build_attack(spec: Mapping[str, Any]) -> tuple[Any, list[int]]:
-    from fedrisk.experiment.sections import Attack, attack_registry
+    from fedrisk.experiment.schema import attack_registry
+    from fedrisk.experiment.sections import Attack
 
     reg = attack_registry()
     options = {k: v for k, v in spec.items() if k not in Attack.model_fields}

@@ -89,13 +89,8 @@ from fedrisk.experiment.schema import (
     to_toml_value,
     unknown_key,
 )
-from fedrisk.experiment.sections import (
-    NOT_RUN_SECTIONS,
-    OPTIONAL_TABLES,
-    SCHEMA,
-    SECTIONS,
+from fedrisk.experiment.section_rules import (
     check_dual_model,
-    reference_markdown,
     resolve_algorithm,
     resolve_attack,
     resolve_data,
@@ -106,6 +101,7 @@ from fedrisk.experiment.sections import (
     resolve_sweep,
     table_values,
 )
+from fedrisk.experiment.sections import NOT_RUN_SECTIONS, OPTIONAL_TABLES, SCHEMA, SECTIONS, reference_markdown
 
 __all__ = [  # with what other modules import from here (defined in schema / sections)
     "SCHEMA",

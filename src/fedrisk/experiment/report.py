@@ -206,10 +206,21 @@ def markdown_table(groups: Sequence[Group], metrics: Sequence[str]) -> str:
         if unfinished:
             row[0] += f" ({unfinished} unfinished)"
         rows.append(row)
-    return _render(head, rows, text_columns=2 if any(tuned) else 1)
+    return markdown_rows(head, rows, text_columns=2 if any(tuned) else 1)
 
 
-def _render(head: Sequence[str], rows: Sequence[Sequence[str]], text_columns: int = 1) -> str:
+def markdown_rows(head: Sequence[str], rows: Sequence[Sequence[str]], text_columns: int = 1) -> str:
+    """A Markdown table of the header ``head`` and the cells ``rows``: the first ``text_columns``
+    columns left-aligned, the others right-aligned (the report's tables and the scripts' under
+    ``benchmarks/`` and ``scripts/``).
+
+    Example:
+        >>> print(markdown_rows(["method", "accuracy"], [["perm", "0.91"], ["local", "0.87"]]))
+        | method | accuracy |
+        |---|---:|
+        | perm | 0.91 |
+        | local | 0.87 |
+    """
     align = "|" + "---|" * text_columns + "---:|" * (len(head) - text_columns)
     lines = ["| " + " | ".join(head) + " |", align]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
@@ -233,7 +244,7 @@ def budget_table(groups: Sequence[Group], metrics: Sequence[str], at: Budget) ->
         row.append("/".join(str(c["round"]) if c else "–" for c in cut))
         row.append(_cell([at.value(c) if c else None for c in cut], digits=0 if at.integral else 2, scientific=False))
         rows.append(row)
-    return _render(head, rows)
+    return markdown_rows(head, rows)
 
 
 def target_table(groups: Sequence[Group], targets: Sequence[Target]) -> str:
@@ -259,7 +270,7 @@ def target_table(groups: Sequence[Group], targets: Sequence[Target]) -> str:
                 f"{sum(h is not None for h in hits)}/{len(hits)}",
             ]
         rows.append(row)
-    return _render(head, rows)
+    return markdown_rows(head, rows)
 
 
 def _personal_detail(metric: str) -> bool:
@@ -298,7 +309,7 @@ def personal_table(groups: Sequence[Group], metric: str = "accuracy") -> str:
             row += [_cell([_get(c, k) for c in chosen]) for k in keys]
             row.append("/".join(str(c["round"]) if c else "–" for c in chosen))
         rows.append(row)
-    return _render(head, rows)
+    return markdown_rows(head, rows)
 
 
 def group_curve(group: Group, metrics: Sequence[str]) -> Curve:

@@ -86,7 +86,7 @@ from fedrisk.experiment.outputs import (
     write_jsonl,
 )
 from fedrisk.experiment.progress import Progress
-from fedrisk.experiment.sections import check_select_by
+from fedrisk.experiment.section_rules import check_select_by
 from fedrisk.experiment.selection import (
     Selector,
     WorkMeter,

@@ -214,7 +214,7 @@ def run_select_key(run: Any) -> str:
     on: its summary's, or for an unfinished run the one its config resolves to (``"auto"``
     takes the first metric its records evaluate on validation); ``""`` for none."""
     from fedrisk.experiment.schema import AUTO
-    from fedrisk.experiment.sections import check_select_by
+    from fedrisk.experiment.section_rules import check_select_by
 
     chosen = (run.summary or {}).get("selected")
     if isinstance(chosen, Mapping) and chosen.get("selected_by"):

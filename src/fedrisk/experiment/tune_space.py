@@ -148,7 +148,7 @@ def check_space(cfg: ExperimentConfig, space: Mapping[str, Dimension], where: st
 
 def check_metric(cfg: ExperimentConfig, metric: str) -> None:
     """``metric`` must be a metric the runs evaluate on a validation split: the check of
-    ``run.select_by`` (:func:`~fedrisk.experiment.sections.check_select_by`) decides, since the
+    ``run.select_by`` (:func:`~fedrisk.experiment.section_rules.check_select_by`) decides, since the
     tuned runs select on it (:func:`select_overrides`) and evaluate the validation split they
     select on by themselves.  It takes ``validation_<metric>`` (needs
     ``data.validation_fraction``) and the per-client summaries
@@ -162,7 +162,7 @@ def check_metric(cfg: ExperimentConfig, metric: str) -> None:
         Traceback (most recent call last):
         fedrisk.errors.FedriskError: metric 'validation_accuracy': ... needs a validation split ...
     """
-    from fedrisk.experiment.sections import EXACT_GAME_METRICS, check_select_by
+    from fedrisk.experiment.section_rules import EXACT_GAME_METRICS, check_select_by
 
     if metric in EXACT_GAME_METRICS:  # a game's exact metric of its iterate: no split to leak
         return

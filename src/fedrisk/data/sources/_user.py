@@ -20,8 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from fedrisk.data.federation import Samples
-from fedrisk.data.loaders import DatasetMeta, LoadedDataset, _samples, _scale_columns
+from fedrisk.data.loaders import DatasetMeta, LoadedDataset, _samples, _scale_samples
 from fedrisk.data.partition import split_indices
 from fedrisk.errors import DatasetMissingError, FedriskError, check_range
 
@@ -123,8 +122,7 @@ def user_dataset(
     if len(np.unique(train.y.numpy())) < 2:
         raise FedriskError(f"{source}: the training rows hold a single class; a classification task needs at least 2")
     if train.x.dim() == 2 and scale != "none":
-        xtr, xte = _scale_columns(train.x.numpy(), test.x.numpy(), scale, scale_cols)
-        train, test = Samples(_t(xtr), train.y, train.attrs), Samples(_t(xte), test.y, test.attrs)
+        train, test = _scale_samples(train, test, scale, scale_cols)
     meta_notes = {"scale": scale, **notes}
     if clients is not None:
         meta_notes["natural_attribute"] = "client"
@@ -140,9 +138,3 @@ def user_dataset(
         notes=meta_notes,
     )
     return LoadedDataset(train, test, meta)
-
-
-def _t(a: np.ndarray) -> Any:
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))

@@ -15,9 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-
-from fedrisk.data.federation import Samples
 
 __all__ = ["ADULT_COLUMNS", "GERMAN_COLUMNS", "load_adult", "load_compas", "load_german"]
 
@@ -28,7 +25,7 @@ from fedrisk.data.loaders import (
     LoadedDataset,
     _package_file,
     _samples,
-    _scale_columns,
+    _scale_samples,
     _split,
 )
 
@@ -87,7 +84,7 @@ def _tabular_dataset(
         )
     else:
         train, test = _split(allx, test_fraction, seed)
-    xtr, xte = _scale_columns(train.x.numpy(), test.x.numpy(), scale, numeric_cols)
+    train, test = _scale_samples(train, test, scale, numeric_cols)
     meta = DatasetMeta(
         name,
         len(class_names),
@@ -97,11 +94,7 @@ def _tabular_dataset(
         source=source,
         notes={"scale": scale, **notes},
     )
-    return LoadedDataset(
-        Samples(torch.from_numpy(xtr), train.y, train.attrs),
-        Samples(torch.from_numpy(xte), test.y, test.attrs),
-        meta,
-    )
+    return LoadedDataset(train, test, meta)
 
 
 ADULT_COLUMNS = [

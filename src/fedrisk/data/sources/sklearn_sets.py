@@ -21,7 +21,7 @@ from fedrisk.data.loaders import (
     _as_images,
     _choice,
     _samples,
-    _scale_columns,
+    _scale_samples,
     _split,
 )
 
@@ -38,7 +38,7 @@ def _sklearn_dataset(
     scale: str,
 ) -> LoadedDataset:
     train, test = _split(_samples(x, y), test_fraction, seed)
-    xtr, xte = _scale_columns(train.x.numpy(), test.x.numpy(), scale)
+    train, test = _scale_samples(train, test, scale)
     meta = DatasetMeta(
         name,
         len(class_names),
@@ -47,7 +47,7 @@ def _sklearn_dataset(
         source=f"scikit-learn load_{name}",
         notes={"scale": scale, "test_fraction": test_fraction},
     )
-    return LoadedDataset(_samples(xtr, train.y), _samples(xte, test.y), meta)
+    return LoadedDataset(train, test, meta)
 
 
 @DATASETS.register("digits", "scikit-learn 8x8 digits (1797 images, 10 classes), offline")
