@@ -20,8 +20,8 @@ from pathlib import Path
 
 import tomllib
 
+from fedrisk.experiment.outputs import markdown_rows
 from fedrisk.experiment.personal_outputs import read_clients
-from fedrisk.experiment.report import markdown_rows
 
 KEYS = ("personal_accuracy_mean", "personal_accuracy_bottom10", "personal_accuracy_worst", "personal_log_loss_mean")
 

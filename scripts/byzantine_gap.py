@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from fedrisk.experiment.config import resolve_config
-from fedrisk.experiment.report import markdown_rows
+from fedrisk.experiment.outputs import markdown_rows
 from fedrisk.experiment.runner import build_simulation
 from fedrisk.objectives.penalties import huber_l2
 from fedrisk.tree import tree_flatten_vector, tree_map

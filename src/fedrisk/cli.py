@@ -169,11 +169,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.set)  # config errors first: the sweep module imports torch
     variants = chosen_variants(cfg, args.variant, args.set)
-    from fedrisk.experiment.config import assignments, without_keys
+    from fedrisk.experiment.config import assignments, overlapping_keys
     from fedrisk.experiment.sweep import parse_grid
 
     command_grid = parse_grid(args.grid)
-    both = [k for k in command_grid if k not in without_keys(command_grid, list(assignments(args.set)))]
+    both = overlapping_keys(command_grid, assignments(args.set))
     if both:
         raise FedriskError(f"{', '.join(both)} is set both by --set and by --grid; set it in one place")
     grid = _after_set(dict(cfg["sweep.grid"]), args.set)

@@ -71,7 +71,7 @@ from __future__ import annotations
 import copy
 import importlib
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,6 +115,7 @@ __all__ = [  # with what other modules import from here (defined in schema / sec
     "diff_configs",
     "flatten",
     "load_config",
+    "overlapping_keys",
     "parse_assignment",
     "parse_literal",
     "read_toml",
@@ -123,7 +124,6 @@ __all__ = [  # with what other modules import from here (defined in schema / sec
     "resolve_seeds",
     "semantic_view",
     "to_toml_value",
-    "without_keys",
 ]
 
 # ============================================================================= dotted keys
@@ -162,22 +162,20 @@ def assignments(overrides: Sequence[str] | Mapping[str, Any]) -> dict[str, Any]:
     return dict(overrides) if isinstance(overrides, Mapping) else dict(parse_assignment(o) for o in overrides)
 
 
-def without_keys(overrides: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
-    """``overrides`` (dotted keys) less those that ``keys`` also assign: the same key, a key
-    inside a table that ``keys`` replaces, or a value around a key of ``keys``.  This is how
-    the command line's ``--set`` is applied after a sweep variant's (and the config's grid's)
-    keys.
+def overlapping_keys(keys: Iterable[str], others: Iterable[str]) -> list[str]:
+    """The dotted ``keys`` that ``others`` also assign: the same key, a key inside a table that
+    ``others`` replaces, or a value around a key of ``others``.
 
     Example:
-        >>> without_keys({"run.rounds": 64, "algorithm.lr": 0.1, "data.binarize.imratio": 0.1},
-        ...              ["run.rounds", "data.binarize"])
-        {'algorithm.lr': 0.1}
+        >>> overlapping_keys(["run.rounds", "algorithm.lr", "data.binarize.imratio"], ["run.rounds", "data.binarize"])
+        ['run.rounds', 'data.binarize.imratio']
     """
+    others = list(others)
 
     def overlaps(a: str, b: str) -> bool:
         return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
-    return {k: v for k, v in overrides.items() if not any(overlaps(k, key) for key in keys)}
+    return [k for k in keys if any(overlaps(k, other) for other in others)]
 
 
 def after_set(
@@ -207,11 +205,11 @@ def after_set(
     if variant is not None and own in given:
         return dict(overrides), []
     mine = [k.removeprefix(own + ".") for k in given if variant is not None and k.startswith(own + ".")]
-    left, specific = without_keys(overrides, list(given)), without_keys(overrides, mine)
-    replaced = [k for k in overrides if k not in left and k in specific]
+    specific = set(overlapping_keys(overrides, mine))
+    replaced = [k for k in overlapping_keys(overrides, given) if k not in specific]
     kept = {k: v for k, v in overrides.items() if k not in replaced}
     if variant is not None and replaced:
-        kept.update({k: v for k, v in given.items() if k not in without_keys(given, replaced)})
+        kept.update({k: given[k] for k in overlapping_keys(given, replaced)})
     return kept, replaced
 
 

@@ -60,6 +60,7 @@ from fedrisk.algorithms.local import full_batch_objective, sgd_steps, supervised
 from fedrisk.autodiff import value_and_grad
 from fedrisk.data.federation import Federation
 from fedrisk.errors import FedriskError
+from fedrisk.experiment.outputs import markdown_rows
 from fedrisk.rng import client_generator, generator
 from fedrisk.runtime.device import to_device
 from fedrisk.runtime.evaluation import LOWER_IS_BETTER, client_summary, score_split
@@ -317,7 +318,7 @@ def format_new_clients(out: NewClients, run: str | Path | None = None) -> str:
         if out.weights is not None
         else []
     )
-    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    rows = []
     for row in out.rows:
         cells = [str(row["client"]), str(row["test_samples"]), *(f"{row[m]:.4f}" for m in metrics)]
         if out.weights is not None:
@@ -325,8 +326,8 @@ def format_new_clients(out: NewClients, run: str | Path | None = None) -> str:
             N = w.shape[0] - 1 if out.self_column else -1
             top = [int(j) for j in w.argsort(descending=True)[:4] if float(w[j]) > 0]
             cells.append(", ".join(f"{'self' if j == N else j}: {float(w[j]):.3f}" for j in top))
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
+        rows.append(cells)
+    lines = [markdown_rows(head, rows, text_columns=0), ""]
     lines += [f"{k} = {v:.4f}" for k, v in out.summary.items() if k.endswith(("_mean", "_bottom10", "_worst"))]
     if run is not None:
         lines.append(f"per-client values: {Path(run) / 'new_clients.csv'}")

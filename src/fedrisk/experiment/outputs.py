@@ -63,6 +63,23 @@ SELECTED_MODEL = "selected.pt"
 """The parameters of the round selected on validation (``run.select_by``), see ``runner.Selector``."""
 
 
+def markdown_rows(head: Sequence[str], rows: Sequence[Sequence[str]], text_columns: int = 1) -> str:
+    """A Markdown table of the header ``head`` and the cells ``rows``: the first ``text_columns``
+    columns left-aligned, the others right-aligned (the report's, the tuning's and the new
+    clients' tables, and the scripts' under ``benchmarks/`` and ``scripts/``).
+
+    Example:
+        >>> print(markdown_rows(["method", "accuracy"], [["perm", "0.91"], ["local", "0.87"]]))
+        | method | accuracy |
+        |---|---:|
+        | perm | 0.91 |
+        | local | 0.87 |
+    """
+    align = "|" + "---|" * text_columns + "---:|" * (len(head) - text_columns)
+    lines = ["| " + " | ".join(head) + " |", align]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
 def outputs_line(path: str | Path) -> str:
     """``outputs in DIR: ...``, with ``tensorboard/`` and ``mlruns/`` when the run tracked to them
     (the last line of ``fedrisk run`` and ``fedrisk deploy run``)."""

@@ -41,7 +41,7 @@ from typing import Any
 
 from fedrisk.errors import FedriskError
 from fedrisk.experiment.config import semantic_view
-from fedrisk.experiment.outputs import PERSONAL_STATS, RunData, atomic_write_text, find_runs, load_run
+from fedrisk.experiment.outputs import PERSONAL_STATS, RunData, atomic_write_text, find_runs, load_run, markdown_rows
 from fedrisk.experiment.plots import MB, Curve, plot_curves
 from fedrisk.experiment.schema import format_value
 from fedrisk.experiment.selection import Budget, Target, reach, run_select_key, selected_record, within
@@ -207,23 +207,6 @@ def markdown_table(groups: Sequence[Group], metrics: Sequence[str]) -> str:
             row[0] += f" ({unfinished} unfinished)"
         rows.append(row)
     return markdown_rows(head, rows, text_columns=2 if any(tuned) else 1)
-
-
-def markdown_rows(head: Sequence[str], rows: Sequence[Sequence[str]], text_columns: int = 1) -> str:
-    """A Markdown table of the header ``head`` and the cells ``rows``: the first ``text_columns``
-    columns left-aligned, the others right-aligned (the report's tables and the scripts' under
-    ``benchmarks/`` and ``scripts/``).
-
-    Example:
-        >>> print(markdown_rows(["method", "accuracy"], [["perm", "0.91"], ["local", "0.87"]]))
-        | method | accuracy |
-        |---|---:|
-        | perm | 0.91 |
-        | local | 0.87 |
-    """
-    align = "|" + "---|" * text_columns + "---:|" * (len(head) - text_columns)
-    lines = ["| " + " | ".join(head) + " |", align]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def budget_table(groups: Sequence[Group], metrics: Sequence[str], at: Budget) -> str:

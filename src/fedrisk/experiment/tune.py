@@ -151,7 +151,7 @@ def tune_spec(
     """The study of ``cfg``: ``[tune]`` values, replaced by the given ones; checked.  ``fixed``:
     the keys the command line sets (``--set``), which must not also be tuned (the command line is
     the last word, so a tuned value would silently replace it or be replaced by it)."""
-    from fedrisk.experiment.config import without_keys
+    from fedrisk.experiment.config import overlapping_keys
 
     dims = parse_space(space) if space else config_space(cfg)
     if not dims:
@@ -159,7 +159,7 @@ def tune_spec(
             f"{where or 'the config'} has no tunable key: no --space given and tune.space is empty; allowed: "
             "--space 'algorithm.lr=log:1e-3:1' or a [tune.space] table"
         )
-    clash = [k for k in dims if k not in without_keys(dict.fromkeys(dims), list(fixed))]
+    clash = overlapping_keys(dims, fixed)
     if clash:
         raise FedriskError(
             f"{where + ': ' if where else ''}{', '.join(clash)} is both set by --set and tuned; set it in one place "

@@ -13,7 +13,7 @@ import tomli_w
 
 from fedrisk.errors import FedriskError
 from fedrisk.experiment.config import ExperimentConfig, apply_overrides
-from fedrisk.experiment.outputs import atomic_write_text
+from fedrisk.experiment.outputs import atomic_write_text, markdown_rows
 from fedrisk.experiment.schema import format_value, to_toml_value
 from fedrisk.experiment.selection import lower_is_better
 from fedrisk.experiment.tune_space import select_overrides, short
@@ -48,7 +48,7 @@ def trials_table(trials: Sequence[Any], spec: TuneSpec, best_number: int | None)
     """Markdown: one row per trial (proposal order), the best one in bold."""
     keys = list(spec.space)
     head = ["trial", *(k.rsplit(".", 1)[-1] for k in keys), spec.metric, "round", "state", "seconds"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    rows = []
     for t in trials:
         if t.state.name == "FAIL" and "error" not in t.user_attrs:
             continue  # interrupted, proposed again
@@ -72,8 +72,8 @@ def trials_table(trials: Sequence[Any], spec: TuneSpec, best_number: int | None)
             row[-2] += " (" + "; ".join(t.user_attrs["warnings"]) + ")"
         if t.number == best_number:
             row = [f"**{c}**" for c in row]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
+        rows.append(row)
+    return markdown_rows(head, rows, text_columns=0)
 
 
 def plot_history(trials: Sequence[Any], spec: TuneSpec, path: Path) -> Path:
